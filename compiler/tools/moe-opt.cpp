@@ -1,0 +1,17 @@
+//===- moe-opt.cpp - mlir-opt with the moe dialect ------------------------===//
+//
+// Registries plus MlirOptMain, nothing else: passes and named pipelines are
+// registered by the libraries they live in.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/moe/MoeDialect.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+
+int main(int argc, char **argv) {
+  mlir::DialectRegistry registry;
+  registry.insert<moec::moe::MoeDialect, mlir::func::FuncDialect>();
+  return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, "MoEC optimizer driver\n", registry));
+}

@@ -1,0 +1,571 @@
+//===- MoeOps.td - moe dialect ops -------------------------*- tablegen -*-===//
+//
+// Structure ops (model, parameters, layer templates) first, then the compute
+// ops grouped as the kernels are: norms and projections, positions,
+// attention variants, linear attention, routing and experts, the loss.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DIALECTS_MOE_MOEOPS_TD_
+#define DIALECTS_MOE_MOEOPS_TD_
+
+include "MoeDialect.td"
+include "MoeAttributes.td"
+include "MoeEnums.td"
+include "mlir/IR/OpBase.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/FunctionInterfaces.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "mlir/Interfaces/CallInterfaces.td"
+
+class Moe_Op<string mnemonic, list<Trait> traits = []> : Op<Moe_Dialect, mnemonic, traits>;
+
+// Compute ops are pure and verified in C++ (shapes, head counts, dtypes).
+class Moe_ComputeOp<string mnemonic, list<Trait> traits = []>
+    : Moe_Op<mnemonic, !listconcat([Pure], traits)> {
+  let hasVerifier = 1;
+}
+
+def Moe_Tensor : RankedTensorOf<[AnyFloat]>;
+def Moe_IndexTensor : RankedTensorOf<[AnySignlessInteger]>;
+
+//===----------------------------------------------------------------------===//
+// Structure
+//===----------------------------------------------------------------------===//
+
+def Moe_ModelOp : Moe_Op<"model", [
+    Symbol, SymbolTable, IsolatedFromAbove, NoTerminator, SingleBlock,
+    NoRegionArguments]> {
+  let summary = "A whole model: its parameters, layer templates and forward function.";
+  let description = [{
+    The top-level container. Model-wide facts the importer read from the
+    configuration are attributes (`hidden_size`, `vocab_size`, `num_layers`,
+    ...). The body holds model-level `moe.param`s (embedding, final norm,
+    LM head), one `moe.layer` per distinct layer structure and a
+    `func.func @forward`.
+
+    ```mlir
+    moe.model @Qwen3MoeForCausalLM attributes {hidden_size = 64 : i64} {
+      moe.param @embed_tokens "model.embed_tokens.weight" : tensor<256x64xf32>
+      ...
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+}
+
+def Moe_ParamOp : Moe_Op<"param", [Symbol]> {
+  let summary = "A parameter tensor bound by name to a checkpoint tensor.";
+  let description = [{
+    `tensor_name` is the checkpoint name. Inside a `moe.layer` template it
+    contains `{layer}`, replaced by the layer index of each instance; a
+    stacked expert tensor contains `{expert}` and has the experts as its
+    leading dimension (bound from one checkpoint tensor per expert). A
+    parameter is frozen unless `trainable` is set. `sharding` says how its
+    dimensions split over the mesh (replicated when absent).
+
+    ```mlir
+    moe.param @q_proj "model.layers.{layer}.self_attn.q_proj.weight" : tensor<4096x2048xbf16>
+    moe.param @experts_up "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"
+        : tensor<128x768x2048xbf16> sharding #moe.sharding<[ep, _, _]>
+    ```
+  }];
+  let arguments = (ins
+    SymbolNameAttr:$sym_name,
+    StrAttr:$tensor_name,
+    TypeAttrOf<AnyRankedTensor>:$type,
+    UnitAttr:$trainable,
+    OptionalAttr<Moe_ShardingAttr>:$sharding
+  );
+  let assemblyFormat = [{
+    $sym_name $tensor_name (`trainable` $trainable^)? `:` $type
+    (`sharding` qualified($sharding)^)? attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+    /// Number of elements of this parameter.
+    int64_t getNumElements() { return getTensorType().getNumElements(); }
+    /// Whether the leading dimension stacks one checkpoint tensor per expert.
+    bool isPerExpert() { return getTensorName().contains("{expert}"); }
+    /// The sharding, replicated when none is set.
+    ShardingAttr getShardingOrReplicated();
+  }];
+}
+
+def Moe_WeightOp : Moe_Op<"weight", [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Reads a parameter as a value.";
+  let description = [{
+    Looks the parameter up in the nearest symbol table (the enclosing
+    `moe.layer`, else the `moe.model`); the result type must equal the
+    parameter's.
+
+    ```mlir
+    %w = moe.weight @q_proj : tensor<4096x2048xbf16>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$param attr-dict `:` type($result)";
+}
+
+def Moe_LayerOp : Moe_Op<"layer", [
+    Symbol, SymbolTable, IsolatedFromAbove, FunctionOpInterface,
+    AutomaticAllocationScope]> {
+  let summary = "A layer template: parameters and math shared by every layer of one structure.";
+  let description = [{
+    One template per distinct (token mixer, channel mixer, shapes)
+    structure; `moe.apply_layer` instantiates it once per layer, so the IR
+    and compile time do not grow with depth. `token_mixer` and
+    `channel_mixer` name the structure for reports; `layers` lists the
+    layer indices that use it.
+
+    ```mlir
+    moe.layer @gqa_moe(%x: tensor<?x64xf32>, %pos: tensor<?xi64>) -> tensor<?x64xf32>
+        attributes {token_mixer = "gqa", channel_mixer = "moe", layers = array<i64: 0, 1>} {
+      moe.param @input_layernorm "model.layers.{layer}.input_layernorm.weight" : tensor<64xf32>
+      ...
+      moe.yield %out : tensor<?x64xf32>
+    }
+    ```
+  }];
+  let arguments = (ins
+    SymbolNameAttr:$sym_name,
+    TypeAttrOf<FunctionType>:$function_type,
+    OptionalAttr<DictArrayAttr>:$arg_attrs,
+    OptionalAttr<DictArrayAttr>:$res_attrs
+  );
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::llvm::ArrayRef<::mlir::Type> getArgumentTypes() { return getFunctionType().getInputs(); }
+    ::llvm::ArrayRef<::mlir::Type> getResultTypes() { return getFunctionType().getResults(); }
+    ::mlir::Region *getCallableRegion() { return &getBody(); }
+  }];
+}
+
+def Moe_YieldOp : Moe_Op<"yield", [Pure, HasParent<"LayerOp">, ReturnLike, Terminator]> {
+  let summary = "Returns a layer template's outputs.";
+  let arguments = (ins Variadic<AnyType>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+  let hasVerifier = 1;
+}
+
+def Moe_ApplyLayerOp : Moe_Op<"apply_layer", [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "One layer: a template instantiated at a layer index.";
+  let description = [{
+    Runs template `callee` with its `{layer}` parameters bound to layer
+    `index`.
+
+    ```mlir
+    %h1 = moe.apply_layer @gqa_moe[1](%h0, %pos) : (tensor<?x64xf32>, tensor<?xi64>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$callee, I64Attr:$index, Variadic<AnyType>:$operands);
+  let results = (outs Variadic<AnyType>:$results);
+  let assemblyFormat = [{
+    $callee `[` $index `]` `(` $operands `)` attr-dict `:` functional-type($operands, $results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Embedding, norms, projections, elementwise
+//===----------------------------------------------------------------------===//
+
+def Moe_EmbeddingOp : Moe_ComputeOp<"embedding"> {
+  let summary = "Looks token ids up in an embedding table.";
+  let description = [{
+    `ids: [T]`, `table: [V, D]` -> `[T, D]`.
+
+    ```mlir
+    %e = moe.embedding %ids, %table : (tensor<?xi64>, tensor<256x64xf32>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_IndexTensor:$ids, Moe_Tensor:$table);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$ids `,` $table attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_RMSNormOp : Moe_ComputeOp<"rms_norm"> {
+  let summary = "RMSNorm over groups of the last dimension, optionally with (1 + w).";
+  let description = [{
+    `y = x / sqrt(mean(x^2) + eps) * w`, or `* (1 + w)` with `unit_offset`
+    (Qwen3-Next's zero-centred weights). The normalised group is the size of
+    `weight`: the whole feature dimension for a layer norm, one head for
+    per-head q/k norms (`x: [T, H*hd]`, `weight: [hd]`).
+
+    ```mlir
+    %y = moe.rms_norm %x, %w {eps = 1.0e-06 : f64} : (tensor<?x64xf32>, tensor<64xf32>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, F64Attr:$eps, UnitAttr:$unit_offset);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_LayerNormOp : Moe_ComputeOp<"layer_norm"> {
+  let summary = "LayerNorm (mean and variance) with weight and bias over the last dimension.";
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Moe_Tensor:$bias, F64Attr:$eps);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $weight `,` $bias attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_LinearOp : Moe_ComputeOp<"linear"> {
+  let summary = "y = x W^T (+ b), W in the checkpoint's [out, in] layout.";
+  let description = [{
+    Every projection of the model is one of these (attention projections,
+    MLPs, latent projections, the LM head), so LoRA injection and fusion
+    see them all the same way.
+
+    ```mlir
+    %q = moe.linear %x, %wq : (tensor<?x64xf32>, tensor<64x64xf32>) -> tensor<?x64xf32>
+    %y = moe.linear %x, %w bias %b : (tensor<?x64xf32>, tensor<32x64xf32>, tensor<32xf32>) -> tensor<?x32xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Optional<Moe_Tensor>:$bias);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight (`bias` $bias^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Moe_AddOp : Moe_ComputeOp<"add", [SameOperandsAndResultType]> {
+  let summary = "Elementwise sum (residual connections).";
+  let arguments = (ins Moe_Tensor:$lhs, Moe_Tensor:$rhs);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def Moe_ActivationOp : Moe_ComputeOp<"activation", [SameOperandsAndResultType]> {
+  let summary = "Elementwise activation (relu² MLPs).";
+  let arguments = (ins Moe_Tensor:$input, Moe_ActivationAttr:$kind);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$kind $input attr-dict `:` type($result)";
+}
+
+def Moe_GluOp : Moe_ComputeOp<"glu", [SameOperandsAndResultType]> {
+  let summary = "Gated linear unit: act(gate) * up (SwiGLU MLPs).";
+  let arguments = (ins Moe_Tensor:$gate, Moe_Tensor:$up, Moe_ActivationAttr:$kind);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$kind $gate `,` $up attr-dict `:` type($result)";
+}
+
+def Moe_SigmoidGateOp : Moe_ComputeOp<"sigmoid_gate"> {
+  let summary = "x * sigmoid(g): attention output gates and shared-expert gates.";
+  let description = [{
+    `g` has the shape of `x` (Qwen3-Next's per-feature attention output
+    gate) or `[T, 1]` (a scalar gate per token, as on Qwen3-Next's shared
+    expert).
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$gate);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $gate attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_SplitOp : Moe_ComputeOp<"split"> {
+  let summary = "Splits the feature dimension into parts, optionally within equal groups.";
+  let description = [{
+    The feature dimension is viewed as `[groups, sum(sizes)]`; result `i`
+    takes `sizes[i]` features of every group. `groups = 1` splits a fused
+    projection (`kv_a_proj_with_mqa` into latent and rope key); `groups = H`
+    splits per head (Qwen3-Next's `q_proj` into query and gate).
+
+    ```mlir
+    %ckv, %kpe = moe.split %kva {sizes = array<i64: 16, 8>} : (tensor<?x24xf32>) -> (tensor<?x16xf32>, tensor<?x8xf32>)
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, DenseI64ArrayAttr:$sizes,
+                   DefaultValuedAttr<I64Attr, "1">:$groups);
+  let results = (outs Variadic<Moe_Tensor>:$results);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Positions and attention
+//===----------------------------------------------------------------------===//
+
+def Moe_RopeOp : Moe_ComputeOp<"rope"> {
+  let summary = "Rotary position embedding of every head (full, partial, interleaved, YaRN).";
+  let description = [{
+    `x: [T, H*head_dim]`; the first `rope.dim` features of each head rotate
+    (partial RoPE when `rope.dim < head_dim`).
+
+    ```mlir
+    %q = moe.rope %x, %pos {head_dim = 16 : i64, rope = #moe.rope<theta = 1.000000e+04, dim = 16, style = half>}
+        : (tensor<?x64xf32>, tensor<?xi64>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_IndexTensor:$positions, I64Attr:$head_dim, Moe_RopeAttr:$rope);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $positions attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_AttentionOp : Moe_ComputeOp<"attention"> {
+  let summary = "Causal grouped-query attention (sliding window, sinks).";
+  let description = [{
+    `q: [T, H*d]`, `k: [T, Hkv*d]`, `v: [T, Hkv*dv]` -> `[T, H*dv]`; query
+    head `h` reads key/value head `h / (H / Hkv)`. `sliding_window` limits
+    each query to the last `w` keys; `sinks: [H]` adds one learned logit per
+    head to the softmax denominator (gpt-oss). q/k norms, RoPE and output
+    gates are separate ops around it.
+
+    ```mlir
+    %o = moe.attention %q, %k, %v {num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 16 : i64, scale = 2.500000e-01 : f64}
+        : (tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$query, Moe_Tensor:$key, Moe_Tensor:$value,
+                   Optional<Moe_Tensor>:$sinks,
+                   I64Attr:$num_heads, I64Attr:$num_kv_heads, I64Attr:$head_dim,
+                   F64Attr:$scale, OptionalAttr<I64Attr>:$sliding_window);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value (`sinks` $sinks^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+// Common operands and attributes of the two MLA forms.
+class Moe_MLAOpBase<string mnemonic, dag extraOperands> : Moe_ComputeOp<mnemonic> {
+  let arguments = !con((ins Moe_Tensor:$query, Moe_Tensor:$key_rope, Moe_Tensor:$key_value,
+                            Moe_IndexTensor:$positions),
+                       extraOperands,
+                       (ins I64Attr:$num_heads, I64Attr:$qk_nope_head_dim,
+                            I64Attr:$qk_rope_head_dim, I64Attr:$v_head_dim, F64Attr:$scale,
+                            OptionalAttr<Moe_RopeAttr>:$rope));
+  let results = (outs Moe_Tensor:$result);
+}
+
+def Moe_MLAOp : Moe_MLAOpBase<"mla", (ins)> {
+  let summary = "Multi-head latent attention core (DeepSeek-V3, Kimi).";
+  let description = [{
+    Inputs are the projections around it: `query: [T, H*(nope+rope)]`
+    (`q_b_proj` or `q_proj`), `key_rope: [T, rope]` (the key part shared by
+    all heads, from `kv_a_proj_with_mqa`), `key_value: [T, H*(nope+v)]`
+    (`kv_b_proj` of the normed latent). The trailing `rope` features of
+    each query head and `key_rope` rotate with `rope`; without `rope` the
+    layer is NoPE (Kimi-Linear). Output `[T, H*v]`, before `o_proj`.
+  }];
+  let assemblyFormat = [{
+    $query `,` $key_rope `,` $key_value `,` $positions attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Moe_SparseAttentionOp : Moe_MLAOpBase<"sparse_attention", (ins Moe_IndexTensor:$indices)> {
+  let summary = "DeepSeek Sparse Attention: MLA over the keys an indexer selected.";
+  let description = [{
+    As `moe.mla`, but query `t` attends only to the positions in row `t`
+    of `indices: [T, topk]` (from `moe.dsa_indexer`; entries past the
+    causal limit are `-1`). No dense mask is formed.
+  }];
+  let assemblyFormat = [{
+    $query `,` $key_rope `,` $key_value `,` $positions `,` $indices attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Moe_DSAIndexerOp : Moe_ComputeOp<"dsa_indexer"> {
+  let summary = "DeepSeek Sparse Attention's lightning indexer and top-k selection.";
+  let description = [{
+    `I[t,s] = sum_h w[t,h] * relu(q[t,h] . k[s])` over causal `s <= t`,
+    then the `topk` largest per query: `indices: [T, topk]` (i32, `-1`
+    where fewer than `topk` keys exist). `query: [T, H*d]` (`wq_b` of the
+    MLA query latent), `key: [T, d]` (`wk` then LayerNorm), `head_weights:
+    [T, H]` (`weights_proj`). The leading `rope.dim` features of query and
+    key rotate (non-interleaved, unlike MLA).
+  }];
+  let arguments = (ins Moe_Tensor:$query, Moe_Tensor:$key, Moe_Tensor:$head_weights,
+                   Moe_IndexTensor:$positions,
+                   I64Attr:$num_heads, I64Attr:$head_dim, I64Attr:$topk, Moe_RopeAttr:$rope);
+  let results = (outs Moe_IndexTensor:$indices);
+  let assemblyFormat = [{
+    $query `,` $key `,` $head_weights `,` $positions attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Linear attention and state-space mixers
+//===----------------------------------------------------------------------===//
+
+def Moe_GatedDeltaNetOp : Moe_ComputeOp<"gated_delta_net"> {
+  let summary = "Gated DeltaNet token mixer (Qwen3-Next), from its fused input projections.";
+  let description = [{
+    `qkvz: [T, 2*Hk*dk + 2*Hv*dv]` and `ba: [T, 2*Hv]` in the grouped
+    per-key-head layout of `in_proj_qkvz` / `in_proj_ba`; short causal
+    depthwise convolution (`conv_weight: [2*Hk*dk + Hv*dv, 1, K]`) and SiLU
+    on q, k, v; `beta = sigmoid(b)`, `g = -exp(A_log) * softplus(a +
+    dt_bias)`; L2-normed q, k; the gated delta rule; per-head RMSNorm
+    (`norm_weight: [dv]`) gated by SiLU(z). Output `[T, Hv*dv]`, before
+    `out_proj`.
+  }];
+  let arguments = (ins Moe_Tensor:$qkvz, Moe_Tensor:$ba, Moe_Tensor:$conv_weight,
+                   Moe_Tensor:$a_log, Moe_Tensor:$dt_bias, Moe_Tensor:$norm_weight,
+                   I64Attr:$num_key_heads, I64Attr:$num_value_heads,
+                   I64Attr:$key_head_dim, I64Attr:$value_head_dim, F64Attr:$eps);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $qkvz `,` $ba `,` $conv_weight `,` $a_log `,` $dt_bias `,` $norm_weight attr-dict
+    `:` functional-type(operands, results)
+  }];
+}
+
+def Moe_KDAOp : Moe_ComputeOp<"kda"> {
+  let summary = "Kimi Delta Attention token mixer (Kimi-Linear).";
+  let description = [{
+    `query`, `key`, `value: [T, H*d]` (projections), each through its own
+    short causal conv (`[H*d, 1, K]`) and SiLU; per-channel decay
+    `g = -exp(A_log) * softplus(decay + dt_bias)` from `decay: [T, H*d]`
+    (`f_b_proj(f_a_proj(x))`); `beta = sigmoid(beta_logits: [T, H])`; the
+    delta rule with a diagonal decay; per-head RMSNorm (`norm_weight: [d]`)
+    times `sigmoid(gate: [T, H*d])` (`g_b_proj(g_a_proj(x))`). Output
+    `[T, H*d]`, before `o_proj`.
+  }];
+  let arguments = (ins Moe_Tensor:$query, Moe_Tensor:$key, Moe_Tensor:$value,
+                   Moe_Tensor:$query_conv, Moe_Tensor:$key_conv, Moe_Tensor:$value_conv,
+                   Moe_Tensor:$decay, Moe_Tensor:$beta_logits, Moe_Tensor:$gate,
+                   Moe_Tensor:$a_log, Moe_Tensor:$dt_bias, Moe_Tensor:$norm_weight,
+                   I64Attr:$num_heads, I64Attr:$head_dim, F64Attr:$eps);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $query_conv `,` $key_conv `,` $value_conv `,` $decay `,`
+    $beta_logits `,` $gate `,` $a_log `,` $dt_bias `,` $norm_weight attr-dict
+    `:` functional-type(operands, results)
+  }];
+}
+
+def Moe_Mamba2Op : Moe_ComputeOp<"mamba2"> {
+  let summary = "Mamba-2 mixer (Nemotron-H), from the fused in_proj output.";
+  let description = [{
+    `zxbcdt: [T, 2*H*p + 2*G*N + H]` splits into the gate `z`, the conv
+    input `xBC` (causal depthwise conv `conv_weight: [H*p + 2*G*N, 1, K]`,
+    optional bias, SiLU) and `dt`; `dt = softplus(dt + dt_bias)`,
+    `A = -exp(A_log)`; the chunked SSD scan with skip `D`; a gated RMSNorm
+    over groups of `H*p/G` (`norm_weight: [H*p]`). Output `[T, H*p]`,
+    before `out_proj`.
+  }];
+  let arguments = (ins Moe_Tensor:$zxbcdt, Moe_Tensor:$conv_weight, Optional<Moe_Tensor>:$conv_bias,
+                   Moe_Tensor:$dt_bias, Moe_Tensor:$a_log, Moe_Tensor:$d_skip, Moe_Tensor:$norm_weight,
+                   I64Attr:$num_heads, I64Attr:$head_dim, I64Attr:$state_size, I64Attr:$num_groups,
+                   I64Attr:$chunk_size, F64Attr:$eps);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $zxbcdt `,` $conv_weight (`conv_bias` $conv_bias^)? `,` $dt_bias `,` $a_log `,` $d_skip `,` $norm_weight
+    attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Routing and experts
+//===----------------------------------------------------------------------===//
+
+def Moe_RouterOp : Moe_ComputeOp<"router", [AttrSizedOperandSegments]> {
+  let summary = "Scores experts and picks the top-k per token.";
+  let description = [{
+    `weight: [E, D]`. `softmax`: softmax over all experts, top-k.
+    `sigmoid`: per-expert sigmoid; top-k on scores plus the optional
+    `correction_bias: [E]`, within the `topk_group` best of `n_group` expert
+    groups (a group scores as the sum of its two best biased scores); the
+    weights are the unbiased scores. `topk_softmax`: top-k on raw logits,
+    softmax over the k. Then optional renormalisation (`norm_topk_prob`)
+    and multiplication by `scaling`. Outputs `weights: [T, k]` (f32) and
+    `indices: [T, k]` (i32).
+
+    ```mlir
+    %w, %i = moe.router %x, %wr {top_k = 2 : i64, scoring = #moe.scoring<softmax>, norm_topk_prob}
+        : (tensor<?x64xf32>, tensor<8x64xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight,
+                   Optional<Moe_Tensor>:$logit_bias, Optional<Moe_Tensor>:$correction_bias,
+                   I64Attr:$top_k, Moe_RouterScoringAttr:$scoring,
+                   DefaultValuedAttr<I64Attr, "1">:$n_group,
+                   DefaultValuedAttr<I64Attr, "1">:$topk_group,
+                   UnitAttr:$norm_topk_prob,
+                   DefaultValuedAttr<F64Attr, "1.0">:$scaling);
+  let results = (outs RankedTensorOf<[F32]>:$weights, RankedTensorOf<[I32]>:$indices);
+  let assemblyFormat = [{
+    $input `,` $weight (`logit_bias` $logit_bias^)? (`correction_bias` $correction_bias^)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let extraClassDeclaration = [{
+    int64_t getNumExperts() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getWeight().getType()).getDimSize(0);
+    }
+  }];
+}
+
+def Moe_DispatchOp : Moe_ComputeOp<"dispatch"> {
+  let summary = "Permutes token copies into expert-major order.";
+  let description = [{
+    Each token goes to its k experts: `input: [T, D]`, `indices: [T, k]`
+    -> `tokens: [T*k, D]` grouped by expert, and `counts: [E]` rows per
+    expert.
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_IndexTensor:$indices, I64Attr:$num_experts);
+  let results = (outs Moe_Tensor:$tokens, RankedTensorOf<[I64]>:$counts);
+  let assemblyFormat = "$input `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
+  let summary = "Every expert's MLP over its rows of the dispatched tokens (grouped GEMM).";
+  let description = [{
+    Rows `[offset_e, offset_e + counts[e])` of `tokens` go through expert
+    `e`. With `gate` (`[E, I, D]`): `down(act(gate x) * up x)`; without:
+    `down(act(up x))` (relu² experts). Weights stack the experts in their
+    leading dimension in the checkpoint's `[out, in]` layout: `up: [E, I,
+    D]`, `down: [E, D, I]`. gpt-oss stores `[in, out]` with gate and up
+    interleaved in one tensor (`fused_gate_up`, `in_out_layout`) and adds
+    biases.
+  }];
+  let arguments = (ins Moe_Tensor:$tokens, RankedTensorOf<[I64]>:$counts,
+                   Moe_Tensor:$up, Moe_Tensor:$down, Optional<Moe_Tensor>:$gate,
+                   Optional<Moe_Tensor>:$up_bias, Optional<Moe_Tensor>:$down_bias,
+                   Moe_ActivationAttr:$activation, UnitAttr:$fused_gate_up, UnitAttr:$in_out_layout,
+                   OptionalAttr<F64Attr>:$limit);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $tokens `,` $counts `,` `up` $up `,` `down` $down (`gate` $gate^)? (`up_bias` $up_bias^)?
+    (`down_bias` $down_bias^)? attr-dict `:` functional-type(operands, results)
+  }];
+  let extraClassDeclaration = [{
+    int64_t getNumExperts() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getUp().getType()).getDimSize(0);
+    }
+  }];
+}
+
+def Moe_CombineOp : Moe_ComputeOp<"combine"> {
+  let summary = "Un-permutes expert outputs and sums each token's k copies by router weight.";
+  let arguments = (ins Moe_Tensor:$expert_output, Moe_IndexTensor:$indices,
+                   RankedTensorOf<[F32]>:$weights);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $expert_output `,` $indices `,` $weights attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Loss
+//===----------------------------------------------------------------------===//
+
+def Moe_CrossEntropyOp : Moe_ComputeOp<"cross_entropy"> {
+  let summary = "Mean causal-LM cross-entropy over labelled positions.";
+  let description = [{
+    `logits: [T, V]`, `labels: [T]`. With `shift_labels` position `t` is
+    scored against `labels[t+1]` (Hugging Face's causal-LM shift); labels
+    equal to `ignore_index` do not count. Result: a scalar f32.
+  }];
+  let arguments = (ins Moe_Tensor:$logits, Moe_IndexTensor:$labels,
+                   DefaultValuedAttr<I64Attr, "-100">:$ignore_index, UnitAttr:$shift_labels);
+  let results = (outs 0DTensorOf<[F32]>:$loss);
+  let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
+}
+
+#endif // DIALECTS_MOE_MOEOPS_TD_

@@ -1,0 +1,457 @@
+//===- MoeVerifiers.cpp - shape, head-count and dtype checks of compute ops ===//
+//
+// Every check names the operand or attribute at fault and what was expected,
+// so a config that imports into inconsistent IR fails with a useful message.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/moe/MoeOps.h"
+
+using namespace mlir;
+
+namespace moec::moe {
+namespace {
+
+RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+/// Emits the first failed check of an op; each method returns whether it held.
+class Checker {
+public:
+  explicit Checker(Operation *op) : op(op) {}
+
+  bool rank(StringRef name, Value v, int64_t expected) {
+    if (tensorType(v).getRank() == expected)
+      return true;
+    op->emitOpError() << name << " must have rank " << expected << ", got " << v.getType();
+    return false;
+  }
+
+  /// Dimension `d` of `v` equals `expected`; a dynamic size matches anything.
+  bool dim(StringRef name, Value v, int64_t d, int64_t expected, StringRef meaning) {
+    int64_t size = tensorType(v).getDimSize(d);
+    if (ShapedType::isDynamic(size) || ShapedType::isDynamic(expected) || size == expected)
+      return true;
+    op->emitOpError() << name << " dimension " << d << " must be " << expected << " (" << meaning
+                      << "), got " << size;
+    return false;
+  }
+
+  /// The same dimension size in two values (token counts, hidden sizes).
+  bool sameDim(StringRef a, Value va, int64_t da, StringRef b, Value vb, int64_t db) {
+    return dim(b, vb, db, tensorType(va).getDimSize(da), (a + " dimension " + Twine(da)).str());
+  }
+
+  bool positive(StringRef name, int64_t value) {
+    if (value > 0)
+      return true;
+    op->emitOpError() << name << " must be positive, got " << value;
+    return false;
+  }
+
+  bool divides(StringRef what, int64_t value, StringRef by, int64_t divisor) {
+    if (divisor > 0 && !ShapedType::isDynamic(value) && value % divisor == 0)
+      return true;
+    if (ShapedType::isDynamic(value))
+      return true;
+    op->emitOpError() << what << " (" << value << ") must be a multiple of " << by << " ("
+                      << divisor << ")";
+    return false;
+  }
+
+  bool sameElementType(StringRef a, Value va, StringRef b, Value vb) {
+    Type ta = tensorType(va).getElementType(), tb = tensorType(vb).getElementType();
+    if (ta == tb)
+      return true;
+    op->emitOpError() << b << " element type " << tb << " differs from " << a << " element type "
+                      << ta;
+    return false;
+  }
+
+  bool numElements(StringRef name, Value v, int64_t expected, StringRef meaning) {
+    RankedTensorType type = tensorType(v);
+    if (!type.hasStaticShape() || type.getNumElements() == expected)
+      return true;
+    op->emitOpError() << name << " must have " << expected << " elements (" << meaning << "), got "
+                      << v.getType();
+    return false;
+  }
+
+private:
+  Operation *op;
+};
+
+/// Activations are [tokens, features] with the input's element type.
+bool activation(Checker &c, StringRef name, Value v, Value like, StringRef likeName) {
+  return c.rank(name, v, 2) && c.sameDim(likeName, like, 0, name, v, 0) &&
+         c.sameElementType(likeName, like, name, v);
+}
+
+bool positions(Checker &c, Value pos, Value like) {
+  return c.rank("positions", pos, 1) && c.sameDim("input", like, 0, "positions", pos, 0);
+}
+
+bool ropeFits(Operation *op, RopeAttr rope, int64_t headDim, StringRef headName) {
+  if (!rope)
+    return true;
+  if (rope.getDim() <= 0 || rope.getDim() % 2 != 0 || rope.getDim() > headDim) {
+    op->emitOpError() << "rope dim (" << rope.getDim() << ") must be even, positive and at most "
+                      << headName << " (" << headDim << ")";
+    return false;
+  }
+  return true;
+}
+
+/// MLA and sparse attention share their operands.
+template <typename OpTy>
+LogicalResult verifyMLA(OpTy op) {
+  Checker c(op);
+  int64_t h = op.getNumHeads(), nope = op.getQkNopeHeadDim(), rope = op.getQkRopeHeadDim(),
+          v = op.getVHeadDim();
+  return success(
+      c.positive("num_heads", h) && c.positive("v_head_dim", v) &&
+      c.rank("query", op.getQuery(), 2) &&
+      c.dim("query", op.getQuery(), 1, h * (nope + rope), "num_heads * (qk_nope + qk_rope)") &&
+      activation(c, "key_rope", op.getKeyRope(), op.getQuery(), "query") &&
+      c.dim("key_rope", op.getKeyRope(), 1, rope, "qk_rope_head_dim") &&
+      activation(c, "key_value", op.getKeyValue(), op.getQuery(), "query") &&
+      c.dim("key_value", op.getKeyValue(), 1, h * (nope + v), "num_heads * (qk_nope + v_head)") &&
+      positions(c, op.getPositions(), op.getQuery()) &&
+      activation(c, "result", op.getResult(), op.getQuery(), "query") &&
+      c.dim("result", op.getResult(), 1, h * v, "num_heads * v_head_dim") &&
+      (!op.getRopeAttr() || op.getRopeAttr().getDim() == rope ||
+       (op.emitOpError() << "rope dim (" << op.getRopeAttr().getDim()
+                         << ") must equal qk_rope_head_dim (" << rope << ")",
+        false)));
+}
+
+/// A short causal depthwise convolution weight: [channels, 1, kernel].
+bool convWeight(Checker &c, StringRef name, Value w, int64_t channels) {
+  return c.rank(name, w, 3) && c.dim(name, w, 0, channels, "channels") &&
+         c.dim(name, w, 1, 1, "depthwise");
+}
+
+} // namespace
+
+LogicalResult EmbeddingOp::verify() {
+  Checker c(*this);
+  return success(c.rank("ids", getIds(), 1) && c.rank("table", getTable(), 2) &&
+                 c.rank("result", getResult(), 2) &&
+                 c.sameDim("ids", getIds(), 0, "result", getResult(), 0) &&
+                 c.sameDim("table", getTable(), 1, "result", getResult(), 1) &&
+                 c.sameElementType("table", getTable(), "result", getResult()));
+}
+
+LogicalResult RMSNormOp::verify() {
+  Checker c(*this);
+  RankedTensorType in = tensorType(getInput());
+  return success(c.rank("weight", getWeight(), 1) &&
+                 c.divides("input feature size", in.getDimSize(in.getRank() - 1), "weight size",
+                           tensorType(getWeight()).getDimSize(0)) &&
+                 (getResult().getType() == in ||
+                  (emitOpError() << "result type " << getResult().getType()
+                                 << " differs from input type " << in,
+                   false)));
+}
+
+LogicalResult LayerNormOp::verify() {
+  Checker c(*this);
+  RankedTensorType in = tensorType(getInput());
+  int64_t features = in.getDimSize(in.getRank() - 1);
+  return success(c.rank("weight", getWeight(), 1) && c.rank("bias", getBias(), 1) &&
+                 c.dim("weight", getWeight(), 0, features, "input features") &&
+                 c.dim("bias", getBias(), 0, features, "input features") &&
+                 (getResult().getType() == in ||
+                  (emitOpError() << "result type " << getResult().getType()
+                                 << " differs from input type " << in,
+                   false)));
+}
+
+LogicalResult LinearOp::verify() {
+  Checker c(*this);
+  RankedTensorType in = tensorType(getInput()), out = tensorType(getResult());
+  int64_t last = in.getRank() - 1;
+  if (!(c.rank("weight", getWeight(), 2) && c.rank("result", getResult(), in.getRank()) &&
+        c.dim("weight", getWeight(), 1, in.getDimSize(last), "input features") &&
+        c.dim("result", getResult(), last, tensorType(getWeight()).getDimSize(0),
+              "weight output features") &&
+        c.sameElementType("input", getInput(), "weight", getWeight()) &&
+        c.sameElementType("input", getInput(), "result", getResult())))
+    return failure();
+  for (int64_t d = 0; d < last; ++d)
+    if (!c.dim("result", getResult(), d, in.getDimSize(d), "input"))
+      return failure();
+  if (getBias() && !(c.rank("bias", getBias(), 1) &&
+                     c.dim("bias", getBias(), 0, out.getDimSize(last), "output features")))
+    return failure();
+  return success();
+}
+
+LogicalResult AddOp::verify() { return success(); }
+LogicalResult ActivationOp::verify() { return success(); }
+
+LogicalResult GluOp::verify() {
+  if (getKind() == Activation::clamped_swiglu)
+    return emitOpError("clamped_swiglu is an expert activation (moe.expert_mlp), not a moe.glu");
+  return success();
+}
+
+LogicalResult SigmoidGateOp::verify() {
+  Checker c(*this);
+  RankedTensorType in = tensorType(getInput()), gate = tensorType(getGate());
+  if (getResult().getType() != in)
+    return emitOpError("result type ") << getResult().getType() << " differs from input type "
+                                       << in;
+  if (gate == in)
+    return success();
+  return success(activation(c, "gate", getGate(), getInput(), "input") &&
+                 c.dim("gate", getGate(), 1, 1, "one gate per token, or one per feature"));
+}
+
+LogicalResult SplitOp::verify() {
+  Checker c(*this);
+  ArrayRef<int64_t> sizes = getSizes();
+  if (sizes.size() != getResults().size())
+    return emitOpError("has ") << sizes.size() << " sizes but " << getResults().size()
+                               << " results";
+  if (!c.rank("input", getInput(), 2) || !c.positive("groups", getGroups()))
+    return failure();
+  int64_t total = 0;
+  for (auto [i, size] : llvm::enumerate(sizes)) {
+    if (!c.positive("size", size) ||
+        !activation(c, ("result #" + Twine(i)).str(), getResults()[i], getInput(), "input") ||
+        !c.dim(("result #" + Twine(i)).str(), getResults()[i], 1, size * getGroups(),
+               "size * groups"))
+      return failure();
+    total += size;
+  }
+  return success(c.dim("input", getInput(), 1, total * getGroups(), "sum(sizes) * groups"));
+}
+
+LogicalResult RopeOp::verify() {
+  Checker c(*this);
+  return success(c.rank("input", getInput(), 2) && c.positive("head_dim", getHeadDim()) &&
+                 c.divides("input features", tensorType(getInput()).getDimSize(1), "head_dim",
+                           getHeadDim()) &&
+                 positions(c, getPositions(), getInput()) &&
+                 ropeFits(*this, getRope(), getHeadDim(), "head_dim") &&
+                 (getResult().getType() == getInput().getType() ||
+                  (emitOpError("result type must equal the input type"), false)));
+}
+
+LogicalResult AttentionOp::verify() {
+  Checker c(*this);
+  int64_t h = getNumHeads(), kv = getNumKvHeads(), d = getHeadDim();
+  int64_t vFeatures = tensorType(getValue()).getDimSize(1);
+  if (!(c.positive("num_heads", h) && c.positive("num_kv_heads", kv) &&
+        c.positive("head_dim", d) && c.divides("num_heads", h, "num_kv_heads", kv) &&
+        c.rank("query", getQuery(), 2) && c.dim("query", getQuery(), 1, h * d, "num_heads * head_dim") &&
+        activation(c, "key", getKey(), getQuery(), "query") &&
+        c.dim("key", getKey(), 1, kv * d, "num_kv_heads * head_dim") &&
+        activation(c, "value", getValue(), getQuery(), "query") &&
+        c.divides("value features", vFeatures, "num_kv_heads", kv) &&
+        activation(c, "result", getResult(), getQuery(), "query")))
+    return failure();
+  if (!ShapedType::isDynamic(vFeatures) &&
+      !c.dim("result", getResult(), 1, h * (vFeatures / kv), "num_heads * value head dim"))
+    return failure();
+  if (getSinks() && !(c.rank("sinks", getSinks(), 1) &&
+                      c.dim("sinks", getSinks(), 0, h, "one sink logit per head")))
+    return failure();
+  if (getSlidingWindow() && !c.positive("sliding_window", *getSlidingWindow()))
+    return failure();
+  return success();
+}
+
+LogicalResult MLAOp::verify() { return verifyMLA(*this); }
+
+LogicalResult SparseAttentionOp::verify() {
+  if (failed(verifyMLA(*this)))
+    return failure();
+  Checker c(*this);
+  return success(c.rank("indices", getIndices(), 2) &&
+                 c.sameDim("query", getQuery(), 0, "indices", getIndices(), 0));
+}
+
+LogicalResult DSAIndexerOp::verify() {
+  Checker c(*this);
+  int64_t h = getNumHeads(), d = getHeadDim();
+  return success(c.positive("num_heads", h) && c.positive("head_dim", d) &&
+                 c.positive("topk", getTopk()) && c.rank("query", getQuery(), 2) &&
+                 c.dim("query", getQuery(), 1, h * d, "num_heads * head_dim") &&
+                 activation(c, "key", getKey(), getQuery(), "query") &&
+                 c.dim("key", getKey(), 1, d, "head_dim") &&
+                 activation(c, "head_weights", getHeadWeights(), getQuery(), "query") &&
+                 c.dim("head_weights", getHeadWeights(), 1, h, "num_heads") &&
+                 positions(c, getPositions(), getQuery()) &&
+                 ropeFits(*this, getRope(), d, "head_dim") &&
+                 c.rank("indices", getIndices(), 2) &&
+                 c.sameDim("query", getQuery(), 0, "indices", getIndices(), 0) &&
+                 c.dim("indices", getIndices(), 1, getTopk(), "topk"));
+}
+
+LogicalResult GatedDeltaNetOp::verify() {
+  Checker c(*this);
+  int64_t hk = getNumKeyHeads(), hv = getNumValueHeads(), dk = getKeyHeadDim(),
+          dv = getValueHeadDim();
+  return success(
+      c.positive("num_key_heads", hk) && c.positive("num_value_heads", hv) &&
+      c.positive("key_head_dim", dk) && c.positive("value_head_dim", dv) &&
+      c.divides("num_value_heads", hv, "num_key_heads", hk) && c.rank("qkvz", getQkvz(), 2) &&
+      c.dim("qkvz", getQkvz(), 1, 2 * hk * dk + 2 * hv * dv, "2*Hk*dk + 2*Hv*dv") &&
+      activation(c, "ba", getBa(), getQkvz(), "qkvz") &&
+      c.dim("ba", getBa(), 1, 2 * hv, "2 * num_value_heads") &&
+      convWeight(c, "conv_weight", getConvWeight(), 2 * hk * dk + hv * dv) &&
+      c.numElements("a_log", getALog(), hv, "one per value head") &&
+      c.numElements("dt_bias", getDtBias(), hv, "one per value head") &&
+      c.numElements("norm_weight", getNormWeight(), dv, "value_head_dim") &&
+      activation(c, "result", getResult(), getQkvz(), "qkvz") &&
+      c.dim("result", getResult(), 1, hv * dv, "num_value_heads * value_head_dim"));
+}
+
+LogicalResult KDAOp::verify() {
+  Checker c(*this);
+  int64_t h = getNumHeads(), d = getHeadDim(), width = h * d;
+  return success(
+      c.positive("num_heads", h) && c.positive("head_dim", d) && c.rank("query", getQuery(), 2) &&
+      c.dim("query", getQuery(), 1, width, "num_heads * head_dim") &&
+      activation(c, "key", getKey(), getQuery(), "query") &&
+      c.dim("key", getKey(), 1, width, "num_heads * head_dim") &&
+      activation(c, "value", getValue(), getQuery(), "query") &&
+      c.dim("value", getValue(), 1, width, "num_heads * head_dim") &&
+      convWeight(c, "query_conv", getQueryConv(), width) &&
+      convWeight(c, "key_conv", getKeyConv(), width) &&
+      convWeight(c, "value_conv", getValueConv(), width) &&
+      activation(c, "decay", getDecay(), getQuery(), "query") &&
+      c.dim("decay", getDecay(), 1, width, "one decay per key channel") &&
+      activation(c, "beta_logits", getBetaLogits(), getQuery(), "query") &&
+      c.dim("beta_logits", getBetaLogits(), 1, h, "one beta per head") &&
+      activation(c, "gate", getGate(), getQuery(), "query") &&
+      c.dim("gate", getGate(), 1, width, "num_heads * head_dim") &&
+      c.numElements("a_log", getALog(), h, "one per head") &&
+      c.numElements("dt_bias", getDtBias(), width, "one per key channel") &&
+      c.numElements("norm_weight", getNormWeight(), d, "head_dim") &&
+      activation(c, "result", getResult(), getQuery(), "query") &&
+      c.dim("result", getResult(), 1, width, "num_heads * head_dim"));
+}
+
+LogicalResult Mamba2Op::verify() {
+  Checker c(*this);
+  int64_t h = getNumHeads(), p = getHeadDim(), n = getStateSize(), g = getNumGroups();
+  int64_t inner = h * p, convChannels = inner + 2 * g * n;
+  if (!(c.positive("num_heads", h) && c.positive("head_dim", p) &&
+        c.positive("state_size", n) && c.positive("num_groups", g) &&
+        c.positive("chunk_size", getChunkSize()) &&
+        c.divides("num_heads", h, "num_groups", g) && c.rank("zxbcdt", getZxbcdt(), 2) &&
+        c.dim("zxbcdt", getZxbcdt(), 1, 2 * inner + 2 * g * n + h, "2*H*p + 2*G*N + H") &&
+        convWeight(c, "conv_weight", getConvWeight(), convChannels) &&
+        c.numElements("dt_bias", getDtBias(), h, "one per head") &&
+        c.numElements("a_log", getALog(), h, "one per head") &&
+        c.numElements("d_skip", getDSkip(), h, "one per head") &&
+        c.numElements("norm_weight", getNormWeight(), inner, "num_heads * head_dim") &&
+        activation(c, "result", getResult(), getZxbcdt(), "zxbcdt") &&
+        c.dim("result", getResult(), 1, inner, "num_heads * head_dim")))
+    return failure();
+  if (getConvBias() && !c.numElements("conv_bias", getConvBias(), convChannels, "conv channels"))
+    return failure();
+  return success();
+}
+
+LogicalResult RouterOp::verify() {
+  Checker c(*this);
+  if (!(c.rank("input", getInput(), 2) && c.rank("weight", getWeight(), 2) &&
+        c.dim("weight", getWeight(), 1, tensorType(getInput()).getDimSize(1), "input features")))
+    return failure();
+  int64_t e = getNumExperts(), k = getTopK(), groups = getNGroup(), keep = getTopkGroup();
+  if (!c.positive("top_k", k) || !c.positive("n_group", groups) ||
+      !c.positive("topk_group", keep))
+    return failure();
+  if (k > e)
+    return emitOpError("top_k (") << k << ") must not exceed the number of experts (" << e << ")";
+  if (!c.divides("number of experts", e, "n_group", groups))
+    return failure();
+  if (keep > groups)
+    return emitOpError("topk_group (") << keep << ") must not exceed n_group (" << groups << ")";
+  if (k > keep * (e / groups))
+    return emitOpError("top_k (") << k << ") exceeds the " << keep * (e / groups)
+                                  << " experts in the topk_group best groups";
+  if (getScoring() != RouterScoring::sigmoid && (groups != 1 || getCorrectionBias()))
+    return emitOpError("group-limited selection and correction_bias need sigmoid scoring");
+  if (getCorrectionBias() && !c.numElements("correction_bias", getCorrectionBias(), e, "one per expert"))
+    return failure();
+  if (getLogitBias() && !c.numElements("logit_bias", getLogitBias(), e, "one per expert"))
+    return failure();
+  for (Value out : {getWeights(), getIndices()})
+    if (!(c.rank("result", out, 2) && c.sameDim("input", getInput(), 0, "result", out, 0) &&
+          c.dim("result", out, 1, k, "top_k")))
+      return failure();
+  return success();
+}
+
+LogicalResult DispatchOp::verify() {
+  Checker c(*this);
+  return success(c.rank("input", getInput(), 2) && c.rank("indices", getIndices(), 2) &&
+                 c.sameDim("input", getInput(), 0, "indices", getIndices(), 0) &&
+                 c.rank("tokens", getTokens(), 2) &&
+                 c.sameDim("input", getInput(), 1, "tokens", getTokens(), 1) &&
+                 c.sameElementType("input", getInput(), "tokens", getTokens()) &&
+                 c.rank("counts", getCounts(), 1) &&
+                 c.dim("counts", getCounts(), 0, getNumExperts(), "num_experts"));
+}
+
+LogicalResult ExpertMLPOp::verify() {
+  Checker c(*this);
+  if (!(c.rank("tokens", getTokens(), 2) && c.rank("up", getUp(), 3) &&
+        c.rank("down", getDown(), 3) && c.rank("counts", getCounts(), 1)))
+    return failure();
+  int64_t e = getNumExperts(), d = tensorType(getTokens()).getDimSize(1);
+  bool inOut = getInOutLayout();
+  // [E, out, in] per expert, or [E, in, out] for in_out_layout.
+  int64_t inDim = inOut ? 1 : 2, outDim = inOut ? 2 : 1;
+  int64_t upOut = tensorType(getUp()).getDimSize(outDim);
+  int64_t inter = getFusedGateUp() ? upOut / 2 : upOut;
+  if (!(c.dim("counts", getCounts(), 0, e, "number of experts") &&
+        c.dim("up", getUp(), inDim, d, "token features") &&
+        c.dim("down", getDown(), 0, e, "number of experts") &&
+        c.dim("down", getDown(), inDim, inter, "expert intermediate size") &&
+        c.dim("down", getDown(), outDim, d, "token features") &&
+        activation(c, "result", getResult(), getTokens(), "tokens") &&
+        c.dim("result", getResult(), 1, d, "token features")))
+    return failure();
+  if (getGate()) {
+    if (getFusedGateUp())
+      return emitOpError("a separate gate operand cannot be combined with fused_gate_up");
+    if (!(c.rank("gate", getGate(), 3) && c.dim("gate", getGate(), 0, e, "number of experts") &&
+          c.dim("gate", getGate(), outDim, inter, "expert intermediate size") &&
+          c.dim("gate", getGate(), inDim, d, "token features")))
+      return failure();
+  }
+  bool gated = getGate() || getFusedGateUp();
+  Activation act = getActivation();
+  if (act == Activation::relu2 && gated)
+    return emitOpError("relu2 experts have no gate projection");
+  if (act == Activation::clamped_swiglu && !getLimit())
+    return emitOpError("clamped_swiglu needs a limit");
+  if (getUpBias() && !c.numElements("up_bias", getUpBias(), e * upOut, "experts * up outputs"))
+    return failure();
+  if (getDownBias() && !c.numElements("down_bias", getDownBias(), e * d, "experts * features"))
+    return failure();
+  return success();
+}
+
+LogicalResult CombineOp::verify() {
+  Checker c(*this);
+  return success(c.rank("indices", getIndices(), 2) && c.rank("weights", getWeights(), 2) &&
+                 c.sameDim("indices", getIndices(), 1, "weights", getWeights(), 1) &&
+                 c.rank("result", getResult(), 2) &&
+                 c.sameDim("indices", getIndices(), 0, "result", getResult(), 0) &&
+                 c.sameDim("expert_output", getExpertOutput(), 1, "result", getResult(), 1) &&
+                 c.sameElementType("expert_output", getExpertOutput(), "result", getResult()));
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  Checker c(*this);
+  return success(c.rank("logits", getLogits(), 2) && c.rank("labels", getLabels(), 1) &&
+                 c.sameDim("logits", getLogits(), 0, "labels", getLabels(), 0));
+}
+
+} // namespace moec::moe
