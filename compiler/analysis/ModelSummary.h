@@ -1,0 +1,41 @@
+//===- ModelSummary.h - parameter counts per layer type ---------*- C++ -*-===//
+//
+// Counts parameters from the IR (not from the config), so the numbers match
+// what the compiler will bind, and a test can compare them with checkpoints.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef COMPILER_ANALYSIS_MODELSUMMARY_H_
+#define COMPILER_ANALYSIS_MODELSUMMARY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dialects/moe/MoeOps.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace moec::analysis {
+
+struct LayerTypeSummary {
+  std::string name, tokenMixer, channelMixer;
+  int64_t count = 0;
+  int64_t paramsPerLayer = 0;
+  int64_t activePerLayer = 0; // routed experts count top_k / num_experts
+};
+
+struct ModelSummary {
+  std::string name, modelType;
+  int64_t numLayers = 0, hiddenSize = 0, vocabSize = 0;
+  std::vector<LayerTypeSummary> layerTypes;
+  int64_t modelLevelParams = 0; // embedding, final norm, LM head
+  int64_t totalParams = 0, activeParams = 0;
+  int64_t skippedMtpLayers = 0;
+};
+
+ModelSummary summarizeModel(moe::ModelOp model);
+void printSummary(const ModelSummary &summary, llvm::raw_ostream &os);
+
+} // namespace moec::analysis
+
+#endif // COMPILER_ANALYSIS_MODELSUMMARY_H_
