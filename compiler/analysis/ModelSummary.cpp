@@ -46,7 +46,9 @@ int64_t inactiveExpertParams(moe::LayerOp layer) {
 std::string human(int64_t n) {
   std::string out;
   llvm::raw_string_ostream os(out);
-  if (n >= 1'000'000'000)
+  if (n >= 1'000'000'000'000)
+    os << llvm::format("%.2fT", n / 1e12);
+  else if (n >= 1'000'000'000)
     os << llvm::format("%.2fB", n / 1e9);
   else if (n >= 1'000'000)
     os << llvm::format("%.2fM", n / 1e6);
