@@ -68,7 +68,8 @@ Attribute ShardingAttr::parse(AsmParser &parser, Type) {
 
 void ShardingAttr::print(AsmPrinter &printer) const {
   printer << "<";
-  if (isReplicated()) {
+  // Only the empty list prints as `replicated`, so `[_, _]` round-trips unchanged.
+  if (getDims().empty()) {
     printer << "replicated>";
     return;
   }

@@ -56,7 +56,8 @@ LogicalResult ParamOp::verify() {
     return emitOpError("per-expert parameter '")
            << getSymName() << "' must have the experts as a leading dimension, got " << type;
   if (auto sharding = getShardingAttr()) {
-    if (!sharding.isReplicated() &&
+    // An explicit list must cover every dimension, even when it splits none of them.
+    if (!sharding.getDims().empty() &&
         static_cast<int64_t>(sharding.getDims().size()) != type.getRank())
       return emitOpError("sharding of '")
              << getSymName() << "' names " << sharding.getDims().size()
@@ -134,8 +135,10 @@ LogicalResult ApplyLayerOp::verifySymbolUses(SymbolTableCollection &symbols) {
   auto layer = symbols.lookupNearestSymbolFrom<LayerOp>(*this, getCalleeAttr());
   if (!layer)
     return emitOpError("'") << getCallee() << "' does not name a moe.layer";
-  if (getIndex() < 0)
-    return emitOpError("layer index must be non-negative, got ") << getIndex();
+  // getIndex() is unsigned (I64Attr), so read the signed value.
+  int64_t index = getIndexAttr().getInt();
+  if (index < 0)
+    return emitOpError("layer index must be non-negative, got ") << index;
   if (TypeRange(getOperands()) != TypeRange(layer.getArgumentTypes()) ||
       TypeRange(getResults()) != TypeRange(layer.getResultTypes()))
     return emitOpError("type ")

@@ -478,7 +478,7 @@ def Moe_RouterOp : Moe_ComputeOp<"router", [AttrSizedOperandSegments]> {
     `indices: [T, k]` (i32).
 
     ```mlir
-    %w, %i = moe.router %x, %wr {top_k = 2 : i64, scoring = #moe.scoring<softmax>, norm_topk_prob}
+    %w, %i = moe.router %x, %wr {top_k = 2 : i64, scoring = #moe<scoring softmax>, norm_topk_prob}
         : (tensor<?x64xf32>, tensor<8x64xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
     ```
   }];

@@ -26,6 +26,13 @@ public:
     return false;
   }
 
+  bool minRank(StringRef name, Value v, int64_t min) {
+    if (tensorType(v).getRank() >= min)
+      return true;
+    op->emitOpError() << name << " must have rank at least " << min << ", got " << v.getType();
+    return false;
+  }
+
   /// Dimension `d` of `v` equals `expected`; a dynamic size matches anything.
   bool dim(StringRef name, Value v, int64_t d, int64_t expected, StringRef meaning) {
     int64_t size = tensorType(v).getDimSize(d);
@@ -144,6 +151,8 @@ LogicalResult EmbeddingOp::verify() {
 LogicalResult RMSNormOp::verify() {
   Checker c(*this);
   RankedTensorType in = tensorType(getInput());
+  if (!c.minRank("input", getInput(), 1))
+    return failure();
   return success(c.rank("weight", getWeight(), 1) &&
                  c.divides("input feature size", in.getDimSize(in.getRank() - 1), "weight size",
                            tensorType(getWeight()).getDimSize(0)) &&
@@ -156,6 +165,8 @@ LogicalResult RMSNormOp::verify() {
 LogicalResult LayerNormOp::verify() {
   Checker c(*this);
   RankedTensorType in = tensorType(getInput());
+  if (!c.minRank("input", getInput(), 1))
+    return failure();
   int64_t features = in.getDimSize(in.getRank() - 1);
   return success(c.rank("weight", getWeight(), 1) && c.rank("bias", getBias(), 1) &&
                  c.dim("weight", getWeight(), 0, features, "input features") &&
@@ -169,6 +180,8 @@ LogicalResult LayerNormOp::verify() {
 LogicalResult LinearOp::verify() {
   Checker c(*this);
   RankedTensorType in = tensorType(getInput()), out = tensorType(getResult());
+  if (!c.minRank("input", getInput(), 1))
+    return failure();
   int64_t last = in.getRank() - 1;
   if (!(c.rank("weight", getWeight(), 2) && c.rank("result", getResult(), in.getRank()) &&
         c.dim("weight", getWeight(), 1, in.getDimSize(last), "input features") &&
@@ -203,7 +216,8 @@ LogicalResult SigmoidGateOp::verify() {
                                        << in;
   if (gate == in)
     return success();
-  return success(activation(c, "gate", getGate(), getInput(), "input") &&
+  return success(c.rank("input", getInput(), 2) &&
+                 activation(c, "gate", getGate(), getInput(), "input") &&
                  c.dim("gate", getGate(), 1, 1, "one gate per token, or one per feature"));
 }
 
@@ -241,14 +255,15 @@ LogicalResult RopeOp::verify() {
 LogicalResult AttentionOp::verify() {
   Checker c(*this);
   int64_t h = getNumHeads(), kv = getNumKvHeads(), d = getHeadDim();
-  int64_t vFeatures = tensorType(getValue()).getDimSize(1);
   if (!(c.positive("num_heads", h) && c.positive("num_kv_heads", kv) &&
         c.positive("head_dim", d) && c.divides("num_heads", h, "num_kv_heads", kv) &&
         c.rank("query", getQuery(), 2) && c.dim("query", getQuery(), 1, h * d, "num_heads * head_dim") &&
         activation(c, "key", getKey(), getQuery(), "query") &&
         c.dim("key", getKey(), 1, kv * d, "num_kv_heads * head_dim") &&
-        activation(c, "value", getValue(), getQuery(), "query") &&
-        c.divides("value features", vFeatures, "num_kv_heads", kv) &&
+        activation(c, "value", getValue(), getQuery(), "query")))
+    return failure();
+  int64_t vFeatures = tensorType(getValue()).getDimSize(1);
+  if (!(c.divides("value features", vFeatures, "num_kv_heads", kv) &&
         activation(c, "result", getResult(), getQuery(), "query")))
     return failure();
   if (!ShapedType::isDynamic(vFeatures) &&
@@ -409,6 +424,10 @@ LogicalResult ExpertMLPOp::verify() {
   int64_t inDim = inOut ? 1 : 2, outDim = inOut ? 2 : 1;
   int64_t upOut = tensorType(getUp()).getDimSize(outDim);
   int64_t inter = getFusedGateUp() ? upOut / 2 : upOut;
+  if (getFusedGateUp() && !ShapedType::isDynamic(upOut) && upOut % 2 != 0)
+    return emitOpError("fused_gate_up needs an even number of up outputs (gate and up "
+                       "interleaved), got ")
+           << upOut;
   if (!(c.dim("counts", getCounts(), 0, e, "number of experts") &&
         c.dim("up", getUp(), inDim, d, "token features") &&
         c.dim("down", getDown(), 0, e, "number of experts") &&
@@ -440,7 +459,8 @@ LogicalResult ExpertMLPOp::verify() {
 
 LogicalResult CombineOp::verify() {
   Checker c(*this);
-  return success(c.rank("indices", getIndices(), 2) && c.rank("weights", getWeights(), 2) &&
+  return success(c.rank("expert_output", getExpertOutput(), 2) &&
+                 c.rank("indices", getIndices(), 2) && c.rank("weights", getWeights(), 2) &&
                  c.sameDim("indices", getIndices(), 1, "weights", getWeights(), 1) &&
                  c.rank("result", getResult(), 2) &&
                  c.sameDim("indices", getIndices(), 0, "result", getResult(), 0) &&

@@ -1,0 +1,71 @@
+// RUN: moe-opt %s -split-input-file -verify-diagnostics
+
+// Tests that labels are one id per token.
+func.func @labels_rank(%logits: tensor<?x151936xf32>, %labels: tensor<?x1xi64>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.cross_entropy' op labels must have rank 1, got 'tensor<?x1xi64>'}}
+  %l = moe.cross_entropy %logits, %labels : (tensor<?x151936xf32>, tensor<?x1xi64>) -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that logits are [tokens, vocab] (a batched [B, T, V] tensor is rejected).
+func.func @logits_rank(%logits: tensor<4x?x151936xf32>, %labels: tensor<?xi64>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.cross_entropy' op logits must have rank 2, got 'tensor<4x?x151936xf32>'}}
+  %l = moe.cross_entropy %logits, %labels : (tensor<4x?x151936xf32>, tensor<?xi64>) -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that there is one label per logits row.
+func.func @token_count(%logits: tensor<8x151936xf32>, %labels: tensor<7xi64>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.cross_entropy' op labels dimension 0 must be 8 (logits dimension 0), got 7}}
+  %l = moe.cross_entropy %logits, %labels {shift_labels} : (tensor<8x151936xf32>, tensor<7xi64>) -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that the loss is a scalar, not one value per token.
+func.func @loss_per_token(%logits: tensor<?x151936xf32>, %labels: tensor<?xi64>) -> tensor<?xf32> {
+  // expected-error @+1 {{'moe.cross_entropy' op result #0 must be 0D tensor of 32-bit float values, but got 'tensor<?xf32>'}}
+  %l = moe.cross_entropy %logits, %labels : (tensor<?x151936xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return %l : tensor<?xf32>
+}
+
+// -----
+
+// Tests that the loss is f32 even for bf16 logits.
+func.func @loss_dtype(%logits: tensor<?x151936xbf16>, %labels: tensor<?xi64>) -> tensor<bf16> {
+  // expected-error @+1 {{'moe.cross_entropy' op result #0 must be 0D tensor of 32-bit float values, but got 'tensor<bf16>'}}
+  %l = moe.cross_entropy %logits, %labels : (tensor<?x151936xbf16>, tensor<?xi64>) -> tensor<bf16>
+  return %l : tensor<bf16>
+}
+
+// -----
+
+// Tests that labels are integer token ids.
+func.func @labels_float(%logits: tensor<?x151936xf32>, %labels: tensor<?xf32>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.cross_entropy' op operand #1 must be ranked tensor of signless integer values, but got 'tensor<?xf32>'}}
+  %l = moe.cross_entropy %logits, %labels : (tensor<?x151936xf32>, tensor<?xf32>) -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that logits are floating point.
+func.func @logits_int(%logits: tensor<?x151936xi32>, %labels: tensor<?xi64>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.cross_entropy' op operand #0 must be ranked tensor of floating-point values, but got 'tensor<?x151936xi32>'}}
+  %l = moe.cross_entropy %logits, %labels : (tensor<?x151936xi32>, tensor<?xi64>) -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Tests that ignore_index is a 64-bit integer.
+func.func @ignore_index_type(%logits: tensor<?x151936xf32>, %labels: tensor<?xi64>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.cross_entropy' op attribute 'ignore_index' failed to satisfy constraint: 64-bit signless integer attribute}}
+  %l = moe.cross_entropy %logits, %labels {ignore_index = -100 : i32} : (tensor<?x151936xf32>, tensor<?xi64>) -> tensor<f32>
+  return %l : tensor<f32>
+}

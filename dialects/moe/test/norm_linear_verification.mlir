@@ -1,0 +1,233 @@
+// RUN: moe-opt %s -split-input-file -verify-diagnostics
+
+// Tests that embedding ids must be a flat list of tokens.
+func.func @embedding_ids_rank(%ids: tensor<?x1xi64>, %table: tensor<151936x2048xbf16>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.embedding' op ids must have rank 1, got 'tensor<?x1xi64>'}}
+  %e = moe.embedding %ids, %table : (tensor<?x1xi64>, tensor<151936x2048xbf16>) -> tensor<?x2048xbf16>
+  return %e : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that the embedding result width must be the table's hidden size.
+func.func @embedding_width(%ids: tensor<?xi64>, %table: tensor<151936x2048xbf16>) -> tensor<?x1024xbf16> {
+  // expected-error @+1 {{'moe.embedding' op result dimension 1 must be 2048 (table dimension 1), got 1024}}
+  %e = moe.embedding %ids, %table : (tensor<?xi64>, tensor<151936x2048xbf16>) -> tensor<?x1024xbf16>
+  return %e : tensor<?x1024xbf16>
+}
+
+// -----
+
+// Tests that the embedding result keeps the table's element type.
+func.func @embedding_dtype(%ids: tensor<?xi64>, %table: tensor<151936x2048xbf16>) -> tensor<?x2048xf32> {
+  // expected-error @+1 {{'moe.embedding' op result element type 'f32' differs from table element type 'bf16'}}
+  %e = moe.embedding %ids, %table : (tensor<?xi64>, tensor<151936x2048xbf16>) -> tensor<?x2048xf32>
+  return %e : tensor<?x2048xf32>
+}
+
+// -----
+
+// Tests that an RMSNorm weight must divide the feature dimension into whole groups.
+func.func @rms_norm_group(%x: tensor<?x4096xbf16>, %w: tensor<100xbf16>) -> tensor<?x4096xbf16> {
+  // expected-error @+1 {{'moe.rms_norm' op input feature size (4096) must be a multiple of weight size (100)}}
+  %y = moe.rms_norm %x, %w {eps = 1.0e-06 : f64} : (tensor<?x4096xbf16>, tensor<100xbf16>) -> tensor<?x4096xbf16>
+  return %y : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Tests that an RMSNorm weight is a vector.
+func.func @rms_norm_weight_rank(%x: tensor<?x2048xbf16>, %w: tensor<1x2048xbf16>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.rms_norm' op weight must have rank 1, got 'tensor<1x2048xbf16>'}}
+  %y = moe.rms_norm %x, %w {eps = 1.0e-06 : f64} : (tensor<?x2048xbf16>, tensor<1x2048xbf16>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that an RMSNorm result has the input's type.
+func.func @rms_norm_result(%x: tensor<?x2048xbf16>, %w: tensor<2048xbf16>) -> tensor<?x2048xf32> {
+  // expected-error @+1 {{'moe.rms_norm' op result type 'tensor<?x2048xf32>' differs from input type 'tensor<?x2048xbf16>'}}
+  %y = moe.rms_norm %x, %w {eps = 1.0e-06 : f64} : (tensor<?x2048xbf16>, tensor<2048xbf16>) -> tensor<?x2048xf32>
+  return %y : tensor<?x2048xf32>
+}
+
+// -----
+
+// Tests that an RMSNorm of a scalar is diagnosed (the verifier used to assert on it).
+func.func @rms_norm_scalar(%x: tensor<f32>, %w: tensor<2048xf32>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.rms_norm' op input must have rank at least 1, got 'tensor<f32>'}}
+  %y = moe.rms_norm %x, %w {eps = 1.0e-06 : f64} : (tensor<f32>, tensor<2048xf32>) -> tensor<f32>
+  return %y : tensor<f32>
+}
+
+// -----
+
+// Tests that a LayerNorm bias covers the whole feature dimension.
+func.func @layer_norm_bias(%x: tensor<?x128xbf16>, %w: tensor<128xbf16>, %b: tensor<64xbf16>) -> tensor<?x128xbf16> {
+  // expected-error @+1 {{'moe.layer_norm' op bias dimension 0 must be 128 (input features), got 64}}
+  %y = moe.layer_norm %x, %w, %b {eps = 1.0e-06 : f64} : (tensor<?x128xbf16>, tensor<128xbf16>, tensor<64xbf16>) -> tensor<?x128xbf16>
+  return %y : tensor<?x128xbf16>
+}
+
+// -----
+
+// Tests that a LayerNorm weight covers the whole feature dimension (it is not per-group like RMSNorm).
+func.func @layer_norm_weight(%x: tensor<?x128xbf16>, %w: tensor<64xbf16>, %b: tensor<128xbf16>) -> tensor<?x128xbf16> {
+  // expected-error @+1 {{'moe.layer_norm' op weight dimension 0 must be 128 (input features), got 64}}
+  %y = moe.layer_norm %x, %w, %b {eps = 1.0e-06 : f64} : (tensor<?x128xbf16>, tensor<64xbf16>, tensor<128xbf16>) -> tensor<?x128xbf16>
+  return %y : tensor<?x128xbf16>
+}
+
+// -----
+
+// Tests that a linear weight in [out, in] layout must match the input features.
+func.func @linear_in_features(%x: tensor<?x2048xbf16>, %w: tensor<4096x1024xbf16>) -> tensor<?x4096xbf16> {
+  // expected-error @+1 {{'moe.linear' op weight dimension 1 must be 2048 (input features), got 1024}}
+  %y = moe.linear %x, %w : (tensor<?x2048xbf16>, tensor<4096x1024xbf16>) -> tensor<?x4096xbf16>
+  return %y : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Tests that a weight given in [in, out] layout is rejected through the input features.
+func.func @linear_transposed(%x: tensor<?x2048xbf16>, %w: tensor<2048x4096xbf16>) -> tensor<?x4096xbf16> {
+  // expected-error @+1 {{'moe.linear' op weight dimension 1 must be 2048 (input features), got 4096}}
+  %y = moe.linear %x, %w : (tensor<?x2048xbf16>, tensor<2048x4096xbf16>) -> tensor<?x4096xbf16>
+  return %y : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Tests that the linear result width is the weight's output features.
+func.func @linear_out_features(%x: tensor<?x2048xbf16>, %w: tensor<4096x2048xbf16>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.linear' op result dimension 1 must be 4096 (weight output features), got 2048}}
+  %y = moe.linear %x, %w : (tensor<?x2048xbf16>, tensor<4096x2048xbf16>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that a linear weight must have the input's element type.
+func.func @linear_dtype(%x: tensor<?x2048xbf16>, %w: tensor<4096x2048xf32>) -> tensor<?x4096xbf16> {
+  // expected-error @+1 {{'moe.linear' op weight element type 'f32' differs from input element type 'bf16'}}
+  %y = moe.linear %x, %w : (tensor<?x2048xbf16>, tensor<4096x2048xf32>) -> tensor<?x4096xbf16>
+  return %y : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Tests that a linear keeps the token count.
+func.func @linear_tokens(%x: tensor<8x2048xbf16>, %w: tensor<4096x2048xbf16>) -> tensor<4x4096xbf16> {
+  // expected-error @+1 {{'moe.linear' op result dimension 0 must be 8 (input), got 4}}
+  %y = moe.linear %x, %w : (tensor<8x2048xbf16>, tensor<4096x2048xbf16>) -> tensor<4x4096xbf16>
+  return %y : tensor<4x4096xbf16>
+}
+
+// -----
+
+// Tests that a linear bias has one entry per output feature.
+func.func @linear_bias(%x: tensor<?x2880xbf16>, %w: tensor<4096x2880xbf16>, %b: tensor<2880xbf16>) -> tensor<?x4096xbf16> {
+  // expected-error @+1 {{'moe.linear' op bias dimension 0 must be 4096 (output features), got 2880}}
+  %y = moe.linear %x, %w bias %b : (tensor<?x2880xbf16>, tensor<4096x2880xbf16>, tensor<2880xbf16>) -> tensor<?x4096xbf16>
+  return %y : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Tests that a linear of a scalar is diagnosed (the verifier used to assert on it).
+func.func @linear_scalar(%x: tensor<f32>, %w: tensor<4096x2048xf32>) -> tensor<f32> {
+  // expected-error @+1 {{'moe.linear' op input must have rank at least 1, got 'tensor<f32>'}}
+  %y = moe.linear %x, %w : (tensor<f32>, tensor<4096x2048xf32>) -> tensor<f32>
+  return %y : tensor<f32>
+}
+
+// -----
+
+// Tests that a residual add needs operands of one type (only the generic form can spell a mismatch).
+func.func @add_mismatch(%a: tensor<?x2048xbf16>, %b: tensor<?x2048xf32>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.add' op requires the same type for all operands and results}}
+  %r = "moe.add"(%a, %b) : (tensor<?x2048xbf16>, tensor<?x2048xf32>) -> tensor<?x2048xbf16>
+  return %r : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that clamped_swiglu is refused on moe.glu (it belongs to moe.expert_mlp).
+func.func @glu_clamped_swiglu(%g: tensor<?x2880xbf16>, %u: tensor<?x2880xbf16>) -> tensor<?x2880xbf16> {
+  // expected-error @+1 {{'moe.glu' op clamped_swiglu is an expert activation (moe.expert_mlp), not a moe.glu}}
+  %h = moe.glu clamped_swiglu %g, %u : tensor<?x2880xbf16>
+  return %h : tensor<?x2880xbf16>
+}
+
+// -----
+
+// Tests that a sigmoid gate is either per feature or one per token, nothing in between.
+func.func @sigmoid_gate_width(%x: tensor<?x4096xbf16>, %g: tensor<?x32xbf16>) -> tensor<?x4096xbf16> {
+  // expected-error @+1 {{'moe.sigmoid_gate' op gate dimension 1 must be 1 (one gate per token, or one per feature), got 32}}
+  %y = moe.sigmoid_gate %x, %g : (tensor<?x4096xbf16>, tensor<?x32xbf16>) -> tensor<?x4096xbf16>
+  return %y : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Tests that a per-token gate must have the input's element type.
+func.func @sigmoid_gate_dtype(%x: tensor<?x2048xbf16>, %g: tensor<?x1xf32>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.sigmoid_gate' op gate element type 'f32' differs from input element type 'bf16'}}
+  %y = moe.sigmoid_gate %x, %g : (tensor<?x2048xbf16>, tensor<?x1xf32>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that a sigmoid gate result has the input's type.
+func.func @sigmoid_gate_result(%x: tensor<?x4096xbf16>, %g: tensor<?x4096xbf16>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.sigmoid_gate' op result type 'tensor<?x2048xbf16>' differs from input type 'tensor<?x4096xbf16>'}}
+  %y = moe.sigmoid_gate %x, %g : (tensor<?x4096xbf16>, tensor<?x4096xbf16>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that a sigmoid gate of a vector is diagnosed (the verifier used to assert on a scalar).
+func.func @sigmoid_gate_input_rank(%x: tensor<2048xbf16>, %g: tensor<?x1xbf16>) -> tensor<2048xbf16> {
+  // expected-error @+1 {{'moe.sigmoid_gate' op input must have rank 2, got 'tensor<2048xbf16>'}}
+  %y = moe.sigmoid_gate %x, %g : (tensor<2048xbf16>, tensor<?x1xbf16>) -> tensor<2048xbf16>
+  return %y : tensor<2048xbf16>
+}
+
+// -----
+
+// Tests that split sizes must sum to the input width.
+func.func @split_sum(%kva: tensor<?x600xbf16>) -> (tensor<?x512xbf16>, tensor<?x64xbf16>) {
+  // expected-error @+1 {{'moe.split' op input dimension 1 must be 576 (sum(sizes) * groups), got 600}}
+  %ckv, %kpe = moe.split %kva {sizes = array<i64: 512, 64>} : (tensor<?x600xbf16>) -> (tensor<?x512xbf16>, tensor<?x64xbf16>)
+  return %ckv, %kpe : tensor<?x512xbf16>, tensor<?x64xbf16>
+}
+
+// -----
+
+// Tests that a split has one size per result.
+func.func @split_count(%kva: tensor<?x576xbf16>) -> (tensor<?x512xbf16>, tensor<?x64xbf16>) {
+  // expected-error @+1 {{'moe.split' op has 3 sizes but 2 results}}
+  %ckv, %kpe = moe.split %kva {sizes = array<i64: 512, 32, 32>} : (tensor<?x576xbf16>) -> (tensor<?x512xbf16>, tensor<?x64xbf16>)
+  return %ckv, %kpe : tensor<?x512xbf16>, tensor<?x64xbf16>
+}
+
+// -----
+
+// Tests that a per-head split scales each result by the number of groups.
+func.func @split_groups(%qg: tensor<?x8192xbf16>) -> (tensor<?x4096xbf16>, tensor<?x256xbf16>) {
+  // expected-error @+1 {{'moe.split' op result #1 dimension 1 must be 4096 (size * groups), got 256}}
+  %q, %g = moe.split %qg {sizes = array<i64: 256, 256>, groups = 16 : i64} : (tensor<?x8192xbf16>) -> (tensor<?x4096xbf16>, tensor<?x256xbf16>)
+  return %q, %g : tensor<?x4096xbf16>, tensor<?x256xbf16>
+}
+
+// -----
+
+// Tests that split sizes must be positive.
+func.func @split_zero(%x: tensor<?x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x0xbf16>) {
+  // expected-error @+1 {{'moe.split' op size must be positive, got 0}}
+  %a, %b = moe.split %x {sizes = array<i64: 512, 0>} : (tensor<?x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x0xbf16>)
+  return %a, %b : tensor<?x512xbf16>, tensor<?x0xbf16>
+}
