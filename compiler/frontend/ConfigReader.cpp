@@ -101,6 +101,12 @@ bool ConfigReader::isNull(ArrayRef<StringRef> keys) {
   return v && v->kind() == json::Value::Null;
 }
 
+std::string ConfigReader::keyOf(ArrayRef<StringRef> keys) {
+  std::string key;
+  find(keys, &key);
+  return key;
+}
+
 void ConfigReader::fail(StringRef key, const Twine &message) {
   if (!*firstError)
     *firstError = formatv("{0}: key '{1}': {2}", filePath, key, message.str()).str();
@@ -118,92 +124,71 @@ Error ConfigReader::takeError() {
   return createStringError(inconvertibleErrorCode(), "%s", message.c_str());
 }
 
-std::optional<int64_t> ConfigReader::optInt(ArrayRef<StringRef> keys) {
+template <typename T, typename Convert>
+std::optional<T> ConfigReader::readScalar(ArrayRef<StringRef> keys, StringRef expected,
+                                          Convert convert) {
   std::string key;
   const json::Value *v = find(keys, &key);
   if (!v || v->kind() == json::Value::Null)
     return std::nullopt;
-  if (auto i = asInteger(*v))
-    return *i;
-  typeError(key, "an integer", *v);
+  if (std::optional<T> out = convert(*v))
+    return out;
+  typeError(key, expected, *v);
   return std::nullopt;
+}
+
+template <typename T, typename Convert>
+std::optional<std::vector<T>> ConfigReader::readList(ArrayRef<StringRef> keys, StringRef expected,
+                                                     Convert convertItem) {
+  std::string key;
+  const json::Value *v = find(keys, &key);
+  if (!v || v->kind() == json::Value::Null)
+    return std::nullopt;
+  const json::Array *array = v->getAsArray();
+  if (!array) {
+    typeError(key, expected, *v);
+    return std::nullopt;
+  }
+  std::vector<T> out;
+  for (const json::Value &item : *array) {
+    std::optional<T> converted = convertItem(item);
+    if (!converted) {
+      fail(key, "expected " + expected + ", but an element is " + kindOf(item));
+      return std::nullopt;
+    }
+    out.push_back(std::move(*converted));
+  }
+  return out;
+}
+
+std::optional<int64_t> ConfigReader::optInt(ArrayRef<StringRef> keys) {
+  return readScalar<int64_t>(keys, "an integer", asInteger);
 }
 
 std::optional<double> ConfigReader::optDouble(ArrayRef<StringRef> keys) {
-  std::string key;
-  const json::Value *v = find(keys, &key);
-  if (!v || v->kind() == json::Value::Null)
-    return std::nullopt;
-  if (auto d = v->getAsNumber())
-    return *d;
-  typeError(key, "a number", *v);
-  return std::nullopt;
+  return readScalar<double>(keys, "a number", [](const json::Value &v) { return v.getAsNumber(); });
 }
 
 std::optional<bool> ConfigReader::optBool(ArrayRef<StringRef> keys) {
-  std::string key;
-  const json::Value *v = find(keys, &key);
-  if (!v || v->kind() == json::Value::Null)
-    return std::nullopt;
-  if (auto b = v->getAsBoolean())
-    return *b;
-  typeError(key, "true or false", *v);
+  return readScalar<bool>(keys, "true or false", [](const json::Value &v) { return v.getAsBoolean(); });
+}
+
+static std::optional<std::string> asString(const json::Value &v) {
+  if (auto s = v.getAsString())
+    return s->str();
   return std::nullopt;
 }
 
 std::optional<std::string> ConfigReader::optString(ArrayRef<StringRef> keys) {
-  std::string key;
-  const json::Value *v = find(keys, &key);
-  if (!v || v->kind() == json::Value::Null)
-    return std::nullopt;
-  if (auto s = v->getAsString())
-    return s->str();
-  typeError(key, "a string", *v);
-  return std::nullopt;
+  return readScalar<std::string>(keys, "a string", asString);
 }
 
 std::optional<std::vector<int64_t>> ConfigReader::optIntList(ArrayRef<StringRef> keys) {
-  std::string key;
-  const json::Value *v = find(keys, &key);
-  if (!v || v->kind() == json::Value::Null)
-    return std::nullopt;
-  const json::Array *array = v->getAsArray();
-  if (!array) {
-    typeError(key, "a list of integers", *v);
-    return std::nullopt;
-  }
-  std::vector<int64_t> out;
-  for (const json::Value &item : *array) {
-    std::optional<int64_t> i = asInteger(item);
-    if (!i) {
-      typeError(key, "a list of integers, but an element is", item);
-      return std::nullopt;
-    }
-    out.push_back(*i);
-  }
-  return out;
+  return readList<int64_t>(keys, "a list of integers", asInteger);
 }
 
 std::optional<std::vector<std::string>> ConfigReader::optStringList(ArrayRef<StringRef> keys) {
-  std::string key;
-  const json::Value *v = find(keys, &key);
-  if (!v || v->kind() == json::Value::Null)
-    return std::nullopt;
-  const json::Array *array = v->getAsArray();
-  if (!array) {
-    typeError(key, "a list of strings", *v);
-    return std::nullopt;
-  }
-  std::vector<std::string> out;
-  for (const json::Value &item : *array) {
-    auto s = item.getAsString();
-    if (!s) {
-      typeError(key, "a list of strings, but an element is", item);
-      return std::nullopt;
-    }
-    out.push_back(s->str());
-  }
-  return out;
+  return readList<std::string>(keys, "a list of strings", asString);
 }
 
 std::optional<ConfigReader> ConfigReader::optObject(ArrayRef<StringRef> keys) {

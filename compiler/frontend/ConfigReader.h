@@ -41,6 +41,9 @@ public:
   bool has(llvm::ArrayRef<llvm::StringRef> keys);
   /// Whether the first present spelling is explicitly `null`.
   bool isNull(llvm::ArrayRef<llvm::StringRef> keys);
+  /// The key a read of `keys` reports: the first spelling in the file, else in
+  /// the defaults, else the first listed (with the nested prefix).
+  std::string keyOf(llvm::ArrayRef<llvm::StringRef> keys);
 
   // Required reads record "missing required key" and return a zero value.
   int64_t requireInt(llvm::ArrayRef<llvm::StringRef> keys);
@@ -75,6 +78,13 @@ private:
 
   /// The first spelling present in the file, else in the defaults; marks it read.
   const llvm::json::Value *find(llvm::ArrayRef<llvm::StringRef> keys, std::string *found);
+  /// The first present spelling converted by `convert`; an unconvertible value is a type error.
+  template <typename T, typename Convert>
+  std::optional<T> readScalar(llvm::ArrayRef<llvm::StringRef> keys, llvm::StringRef expected,
+                              Convert convert);
+  template <typename T, typename Convert>
+  std::optional<std::vector<T>> readList(llvm::ArrayRef<llvm::StringRef> keys,
+                                         llvm::StringRef expected, Convert convertItem);
   void typeError(const std::string &key, llvm::StringRef expected, const llvm::json::Value &got);
 
   std::string filePath;

@@ -53,9 +53,11 @@ private:
   /// A parameter named `<layer prefix><suffix>`, read at the current point.
   Value param(StringRef suffix, ArrayRef<int64_t> shape) {
     std::string symbol = suffix.str();
-    for (StringRef drop : {std::string(".weight"), std::string("{expert}.")})
-      for (size_t at; (at = symbol.find(drop.str())) != std::string::npos;)
-        symbol.erase(at, drop.size());
+    // Only a trailing ".weight" goes: "indexer.weights_proj.weight" keeps "weights_proj".
+    if (StringRef(symbol).ends_with(".weight"))
+      symbol.resize(symbol.size() - StringRef(".weight").size());
+    for (size_t at; (at = symbol.find("{expert}.")) != std::string::npos;)
+      symbol.erase(at, StringRef("{expert}.").size());
     std::replace(symbol.begin(), symbol.end(), '.', '_');
     auto type = RankedTensorType::get(shape, elementType);
     {

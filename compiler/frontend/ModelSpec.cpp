@@ -290,6 +290,7 @@ void readLayerPattern(ConfigReader &config, ModelSpec &spec) {
   // Channel mixers.
   bool hasExperts = spec.moe.numExperts > 0;
   if (std::optional<std::vector<std::string>> types = config.optStringList({"mlp_layer_types"})) {
+    config.markRead({"first_k_dense_replace"}); // superseded by the explicit list
     if (static_cast<int64_t>(types->size()) != n) {
       config.fail("mlp_layer_types",
                   formatv("has {0} entries but num_hidden_layers is {1}", types->size(), n).str());
@@ -379,7 +380,7 @@ bool readGated(ConfigReader &config, ArrayRef<StringRef> keys, bool &gated) {
     gated = false;
     return true;
   }
-  config.fail(keys.front(), "unsupported activation '" + act + "' (supported: silu, relu2)");
+  config.fail(config.keyOf(keys), "unsupported activation '" + act + "' (supported: silu, relu2)");
   return false;
 }
 
@@ -398,7 +399,8 @@ void readMoE(ConfigReader &config, ModelSpec &spec) {
   else if (scoring == "topk_softmax")
     moe.scoring = MoESpec::Scoring::TopkSoftmax;
   else
-    config.fail("scoring_func", "unsupported router scoring '" + scoring + "' (supported: softmax, sigmoid)");
+    config.fail(config.keyOf({"scoring_func", "moe_router_activation_func"}),
+                "unsupported router scoring '" + scoring + "' (supported: softmax, sigmoid, topk_softmax)");
   moe.correctionBias = config.optString({"topk_method"}).value_or("") == "noaux_tc";
   moe.normTopkProb = config.optBool({"norm_topk_prob", "moe_renormalize"}).value_or(false);
   moe.nGroup = config.optInt({"n_group", "num_expert_group"}).value_or(1);
