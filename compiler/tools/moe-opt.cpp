@@ -1,7 +1,7 @@
 //===- moe-opt.cpp - mlir-opt with the moe dialect ------------------------===//
 //
 // Registries plus MlirOptMain, nothing else: passes and named pipelines are
-// registered by the libraries they live in.
+// registered by passes/Passes.h.
 //
 //===----------------------------------------------------------------------===//
 
@@ -9,9 +9,11 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "passes/Passes.h"
 
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   registry.insert<moec::moe::MoeDialect, mlir::func::FuncDialect>();
+  moec::passes::registerAllPasses();
   return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, "MoEC optimizer driver\n", registry));
 }

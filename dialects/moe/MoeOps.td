@@ -552,6 +552,27 @@ def Moe_CombineOp : Moe_ComputeOp<"combine"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Adapters
+//===----------------------------------------------------------------------===//
+
+def Moe_LoRAOp : Moe_ComputeOp<"lora"> {
+  let summary = "A LoRA adapter's update: scale * (x A^T) B^T.";
+  let description = [{
+    `lora_a: [r, in]`, `lora_b: [out, r]` in PEFT's layout; the result is
+    added to the frozen projection's output. `scale` is `alpha / r`;
+    `dropout` applies to `x` during training only.
+
+    ```mlir
+    %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xf32>, tensor<4x64xf32>, tensor<64x4xf32>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$lora_a, Moe_Tensor:$lora_b, F64Attr:$scale,
+                   DefaultValuedAttr<F64Attr, "0.0">:$dropout);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $lora_a `,` $lora_b attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
 // Loss
 //===----------------------------------------------------------------------===//
 

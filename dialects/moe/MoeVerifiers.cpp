@@ -468,6 +468,21 @@ LogicalResult CombineOp::verify() {
                  c.sameElementType("expert_output", getExpertOutput(), "result", getResult()));
 }
 
+LogicalResult LoRAOp::verify() {
+  Checker c(*this);
+  int64_t rank = tensorType(getLoraA()).getDimSize(0);
+  return success(c.rank("input", getInput(), 2) && c.rank("lora_a", getLoraA(), 2) &&
+                 c.rank("lora_b", getLoraB(), 2) &&
+                 c.dim("lora_a", getLoraA(), 1, tensorType(getInput()).getDimSize(1),
+                       "input features") &&
+                 c.dim("lora_b", getLoraB(), 1, rank, "adapter rank") &&
+                 c.sameElementType("input", getInput(), "lora_a", getLoraA()) &&
+                 c.sameElementType("input", getInput(), "lora_b", getLoraB()) &&
+                 activation(c, "result", getResult(), getInput(), "input") &&
+                 c.dim("result", getResult(), 1, tensorType(getLoraB()).getDimSize(0),
+                       "lora_b output features"));
+}
+
 LogicalResult CrossEntropyOp::verify() {
   Checker c(*this);
   return success(c.rank("logits", getLogits(), 2) && c.rank("labels", getLabels(), 1) &&

@@ -152,3 +152,13 @@ func.func @split_per_head(%qg: tensor<?x8192xbf16>) -> (tensor<?x4096xbf16>, ten
   %q, %g = moe.split %qg {sizes = array<i64: 256, 256>, groups = 16 : i64} : (tensor<?x8192xbf16>) -> (tensor<?x4096xbf16>, tensor<?x4096xbf16>)
   return %q, %g : tensor<?x4096xbf16>, tensor<?x4096xbf16>
 }
+
+// -----
+
+// Tests that a LoRA update round-trips with its scale and dropout.
+// CHECK-LABEL: func.func @lora
+// CHECK: moe.lora %{{.*}}, %{{.*}}, %{{.*}} {dropout = 5.000000e-02 : f64, scale = 2.000000e+00 : f64} : (tensor<?x64xf32>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
+func.func @lora(%x: tensor<?x64xf32>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>) -> tensor<?x32xf32> {
+  %d = moe.lora %x, %a, %b {scale = 2.0 : f64, dropout = 0.05 : f64} : (tensor<?x64xf32>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
+  return %d : tensor<?x32xf32>
+}

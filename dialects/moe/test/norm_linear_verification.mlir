@@ -231,3 +231,21 @@ func.func @split_zero(%x: tensor<?x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x0
   %a, %b = moe.split %x {sizes = array<i64: 512, 0>} : (tensor<?x512xbf16>) -> (tensor<?x512xbf16>, tensor<?x0xbf16>)
   return %a, %b : tensor<?x512xbf16>, tensor<?x0xbf16>
 }
+
+// -----
+
+// Tests that lora_b must take the adapter rank that lora_a produces.
+func.func @lora_rank_mismatch(%x: tensor<?x64xf32>, %a: tensor<4x64xf32>, %b: tensor<32x8xf32>) -> tensor<?x32xf32> {
+  // expected-error @+1 {{'moe.lora' op lora_b dimension 1 must be 4 (adapter rank), got 8}}
+  %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xf32>, tensor<4x64xf32>, tensor<32x8xf32>) -> tensor<?x32xf32>
+  return %d : tensor<?x32xf32>
+}
+
+// -----
+
+// Tests that lora_a must read the input's features.
+func.func @lora_input_mismatch(%x: tensor<?x64xf32>, %a: tensor<4x32xf32>, %b: tensor<32x4xf32>) -> tensor<?x32xf32> {
+  // expected-error @+1 {{'moe.lora' op lora_a dimension 1 must be 64 (input features), got 32}}
+  %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xf32>, tensor<4x32xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
+  return %d : tensor<?x32xf32>
+}

@@ -1,0 +1,20 @@
+//===- Passes.h - every MoEC pass ------------------------------*- C++ -*-===//
+//
+// One folder per pass (passes/<name>/), each with its .td entry, .cpp and lit
+// tests; this header registers them all for moe-opt and moec.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PASSES_PASSES_H_
+#define PASSES_PASSES_H_
+
+#include "passes/inject_lora/InjectLoRA.h"
+
+namespace moec::passes {
+
+/// Registers every MoEC pass with the global pass registry.
+inline void registerAllPasses() { registerInjectLoRAPass(); }
+
+} // namespace moec::passes
+
+#endif // PASSES_PASSES_H_
