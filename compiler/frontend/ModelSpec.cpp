@@ -58,8 +58,6 @@ struct Convention {
   std::function<void(ModelSpec &)> apply;
 };
 
-void deepseekNames(ModelSpec &) {}
-
 void blockSparseMoeNames(ModelSpec &spec) {
   spec.names.moe = "block_sparse_moe.";
   spec.names.expertGate = "w1";
@@ -84,11 +82,11 @@ const std::vector<Convention> &conventions() {
       {"olmoe", R"({"norm_topk_prob": false})",
        [](ModelSpec &s) { s.attention.qkNorm = AttentionSpec::QkNorm::FullWidth; }},
       {"deepseek_v3", R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": true})",
-       deepseekNames},
+       nullptr}, // the default (Llama-style) names
       {"deepseek_v32", R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": true})",
-       deepseekNames},
+       nullptr}, // the default (Llama-style) names
       {"kimi_k2", R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": true})",
-       deepseekNames},
+       nullptr}, // the default (Llama-style) names
       {"kimi_linear",
        R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "mla_use_nope": true, "rope_interleave": true})",
        [](ModelSpec &s) {
@@ -138,7 +136,7 @@ constexpr StringRef kIgnoredKeys[] = {
     "qk_head_dim", "mamba_hidden_act", "use_grouped_topk", "moe_layer_freq", "topk_method"};
 
 /// The per-layer token mixer named by a `layer_types` entry.
-std::optional<TokenMixer> attentionMixer(ConfigReader &config) {
+TokenMixer attentionMixer(ConfigReader &config) {
   if (config.has({"index_topk"}))
     return TokenMixer::DSA;
   if (config.has({"kv_lora_rank"}))
@@ -194,7 +192,7 @@ void readLayerPattern(ConfigReader &config, ModelSpec &spec) {
       if (b == "mamba" || b == "linear_attention")
         layer.tokenMixer = TokenMixer::Mamba2;
       else if (b == "attention" || b == "full_attention")
-        layer.tokenMixer = *attentionMixer(config);
+        layer.tokenMixer = attentionMixer(config);
       else if (b == "moe")
         layer.channelMixer = ChannelMixer::MoE;
       else if (b == "mlp")
@@ -221,7 +219,7 @@ void readLayerPattern(ConfigReader &config, ModelSpec &spec) {
       StringRef t = (*types)[i];
       LayerSpec &layer = spec.layers[i];
       if (t == "full_attention" || t == "attention")
-        layer.tokenMixer = *attentionMixer(config);
+        layer.tokenMixer = attentionMixer(config);
       else if (t == "sliding_attention") {
         layer.tokenMixer = TokenMixer::GQA;
         layer.slidingWindow = true;
@@ -255,7 +253,7 @@ void readLayerPattern(ConfigReader &config, ModelSpec &spec) {
       spec.layers[i].tokenMixer = TokenMixer::None;
     for (auto [list, mixer, key] :
          {std::make_tuple(&kda, TokenMixer::KDA, "linear_attn_config.kda_layers"),
-          std::make_tuple(&full, *attentionMixer(config), "linear_attn_config.full_attn_layers")}) {
+          std::make_tuple(&full, attentionMixer(config), "linear_attn_config.full_attn_layers")}) {
       for (int64_t number : *list) {
         if (number < 1 || number > n) {
           config.fail(key, formatv("layer number {0} is outside 1..{1} (1-based)", number, n).str());
@@ -281,10 +279,10 @@ void readLayerPattern(ConfigReader &config, ModelSpec &spec) {
     }
     for (int64_t i = 0; i < n; ++i)
       spec.layers[i].tokenMixer =
-          (i + 1) % *interval == 0 ? *attentionMixer(config) : linearMixer(config);
+          (i + 1) % *interval == 0 ? attentionMixer(config) : linearMixer(config);
   } else {
     for (LayerSpec &layer : spec.layers)
-      layer.tokenMixer = *attentionMixer(config);
+      layer.tokenMixer = attentionMixer(config);
   }
 
   // Channel mixers.
@@ -536,7 +534,7 @@ Expected<ModelSpec> readModelSpec(ConfigReader &config) {
     config.fail("torch_dtype", "unsupported dtype '" + spec.dtype + "' (supported: bfloat16, float16, float32)");
   if (config.failed())
     return config.takeError();
-  if (convention)
+  if (convention && convention->apply)
     convention->apply(spec);
 
   readGated(config, {"mlp_hidden_act", "hidden_act"}, spec.denseGated);

@@ -103,12 +103,6 @@ void LayerOp::print(OpAsmPrinter &p) {
                                            getResAttrsAttrName());
 }
 
-LogicalResult LayerOp::verify() {
-  if (getBody().empty())
-    return emitOpError("layer template '") << getSymName() << "' has no body";
-  return success();
-}
-
 //===----------------------------------------------------------------------===//
 // YieldOp
 //===----------------------------------------------------------------------===//

@@ -145,7 +145,6 @@ def Moe_LayerOp : Moe_Op<"layer", [
   );
   let regions = (region SizedRegion<1>:$body);
   let hasCustomAssemblyFormat = 1;
-  let hasVerifier = 1;
   let extraClassDeclaration = [{
     ::llvm::ArrayRef<::mlir::Type> getArgumentTypes() { return getFunctionType().getInputs(); }
     ::llvm::ArrayRef<::mlir::Type> getResultTypes() { return getFunctionType().getResults(); }
@@ -243,6 +242,8 @@ def Moe_AddOp : Moe_ComputeOp<"add", [SameOperandsAndResultType]> {
   let arguments = (ins Moe_Tensor:$lhs, Moe_Tensor:$rhs);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+  // Same types in and out is all there is to check.
+  let hasVerifier = 0;
 }
 
 def Moe_ActivationOp : Moe_ComputeOp<"activation", [SameOperandsAndResultType]> {
@@ -250,6 +251,8 @@ def Moe_ActivationOp : Moe_ComputeOp<"activation", [SameOperandsAndResultType]> 
   let arguments = (ins Moe_Tensor:$input, Moe_ActivationAttr:$kind);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$kind $input attr-dict `:` type($result)";
+  // Same types in and out is all there is to check.
+  let hasVerifier = 0;
 }
 
 def Moe_GluOp : Moe_ComputeOp<"glu", [SameOperandsAndResultType]> {

@@ -199,8 +199,6 @@ LogicalResult LinearOp::verify() {
   return success();
 }
 
-LogicalResult AddOp::verify() { return success(); }
-LogicalResult ActivationOp::verify() { return success(); }
 
 LogicalResult GluOp::verify() {
   if (getKind() == Activation::clamped_swiglu)
