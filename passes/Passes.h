@@ -8,12 +8,16 @@
 #ifndef PASSES_PASSES_H_
 #define PASSES_PASSES_H_
 
+#include "passes/build_training_step/BuildTrainingStep.h"
 #include "passes/inject_lora/InjectLoRA.h"
 
 namespace moec::passes {
 
 /// Registers every MoEC pass with the global pass registry.
-inline void registerAllPasses() { registerInjectLoRAPass(); }
+inline void registerAllPasses() {
+  registerInjectLoRAPass();
+  registerBuildTrainingStepPass();
+}
 
 } // namespace moec::passes
 

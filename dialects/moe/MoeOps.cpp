@@ -20,9 +20,9 @@ namespace moec::moe {
 
 LogicalResult ModelOp::verify() {
   for (Operation &op : getBody().front()) {
-    if (!isa<ParamOp, LayerOp, func::FuncOp>(op))
+    if (!isa<ParamOp, LayerOp, func::FuncOp, OptimizerOp>(op))
       return op.emitOpError("is not allowed directly in a moe.model (expected moe.param, "
-                            "moe.layer or func.func)");
+                            "moe.layer, moe.optimizer or func.func)");
   }
   return success();
 }

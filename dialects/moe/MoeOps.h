@@ -6,6 +6,7 @@
 #include "dialects/moe/MoeAttributes.h"
 #include "dialects/moe/MoeDialect.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/RegionKindInterface.h"
@@ -15,6 +16,20 @@
 #include "mlir/Interfaces/FunctionInterfaces.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+
+namespace moec::moe {
+/// Whether `type` is a tensor of floats (a value that can carry a gradient).
+bool isFloatTensor(mlir::Type type);
+/// The default differentiation rule: one moe.backward for `op` (see
+/// DifferentiableOpInterface).
+mlir::LogicalResult buildGenericBackward(mlir::Operation *op, mlir::OpBuilder &builder,
+                                         mlir::ValueRange resultGrads, llvm::ArrayRef<bool> wanted,
+                                         llvm::SmallVectorImpl<mlir::Value> &operandGrads);
+/// The attribute on a training forward template naming its backward template.
+constexpr llvm::StringLiteral kBackwardTemplateAttr = "backward";
+} // namespace moec::moe
+
+#include "dialects/moe/MoeInterfaces.h.inc"
 
 #define GET_OP_CLASSES
 #include "dialects/moe/MoeOps.h.inc"

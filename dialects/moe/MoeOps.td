@@ -12,6 +12,7 @@
 include "MoeDialect.td"
 include "MoeAttributes.td"
 include "MoeEnums.td"
+include "MoeInterfaces.td"
 include "mlir/IR/OpBase.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/IR/SymbolInterfaces.td"
@@ -23,9 +24,11 @@ include "mlir/Interfaces/CallInterfaces.td"
 
 class Moe_Op<string mnemonic, list<Trait> traits = []> : Op<Moe_Dialect, mnemonic, traits>;
 
-// Compute ops are pure and verified in C++ (shapes, head counts, dtypes).
-class Moe_ComputeOp<string mnemonic, list<Trait> traits = []>
-    : Moe_Op<mnemonic, !listconcat([Pure], traits)> {
+// Compute ops are pure, verified in C++ (shapes, head counts, dtypes) and
+// differentiable; `backward` lists the interface methods an op overrides.
+class Moe_ComputeOp<string mnemonic, list<Trait> traits = [], list<string> backward = []>
+    : Moe_Op<mnemonic, !listconcat(
+          [Pure, DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, backward>], traits)> {
   let hasVerifier = 1;
 }
 
@@ -101,7 +104,8 @@ def Moe_ParamOp : Moe_Op<"param", [Symbol]> {
   }];
 }
 
-def Moe_WeightOp : Moe_Op<"weight", [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+def Moe_WeightOp : Moe_Op<"weight", [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["isGradientSource", "buildBackward"]>]> {
   let summary = "Reads a parameter as a value.";
   let description = [{
     Looks the parameter up in the nearest symbol table (the enclosing
@@ -159,7 +163,8 @@ def Moe_YieldOp : Moe_Op<"yield", [Pure, HasParent<"LayerOp">, ReturnLike, Termi
   let hasVerifier = 1;
 }
 
-def Moe_ApplyLayerOp : Moe_Op<"apply_layer", [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+def Moe_ApplyLayerOp : Moe_Op<"apply_layer", [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["isGradientSource", "buildBackward"]>]> {
   let summary = "One layer: a template instantiated at a layer index.";
   let description = [{
     Runs template `callee` with its `{layer}` parameters bound to layer
@@ -237,7 +242,7 @@ def Moe_LinearOp : Moe_ComputeOp<"linear"> {
   }];
 }
 
-def Moe_AddOp : Moe_ComputeOp<"add", [SameOperandsAndResultType]> {
+def Moe_AddOp : Moe_ComputeOp<"add", [SameOperandsAndResultType], ["buildBackward"]> {
   let summary = "Elementwise sum (residual connections).";
   let arguments = (ins Moe_Tensor:$lhs, Moe_Tensor:$rhs);
   let results = (outs Moe_Tensor:$result);
@@ -468,7 +473,7 @@ def Moe_Mamba2Op : Moe_ComputeOp<"mamba2"> {
 // Routing and experts
 //===----------------------------------------------------------------------===//
 
-def Moe_RouterOp : Moe_ComputeOp<"router", [AttrSizedOperandSegments]> {
+def Moe_RouterOp : Moe_ComputeOp<"router", [AttrSizedOperandSegments], ["backwardUsesResults"]> {
   let summary = "Scores experts and picks the top-k per token.";
   let description = [{
     `weight: [E, D]`. `softmax`: softmax over all experts, top-k.
@@ -590,6 +595,97 @@ def Moe_CrossEntropyOp : Moe_ComputeOp<"cross_entropy"> {
                    DefaultValuedAttr<I64Attr, "-100">:$ignore_index, UnitAttr:$shift_labels);
   let results = (outs 0DTensorOf<[F32]>:$loss);
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Training: built by --moe-build-training-step
+//===----------------------------------------------------------------------===//
+
+def Moe_FillOp : Moe_Op<"fill", [Pure]> {
+  let summary = "A tensor with every element equal to `value`.";
+  let description = [{
+    The training step seeds the backward pass with `d loss / d loss`: a
+    scalar 1.0 (a runtime accumulating micro-batches may scale it).
+
+    ```mlir
+    %seed = moe.fill 1.0 : tensor<f32>
+    ```
+  }];
+  let arguments = (ins F64Attr:$value);
+  let results = (outs AnyStaticShapeTensor:$result);
+  let assemblyFormat = "$value attr-dict `:` type($result)";
+}
+
+def Moe_BackwardOp : Moe_Op<"backward", [Pure, AttrSizedOperandSegments]> {
+  let summary = "The backward of one forward op: gradients of the requested inputs.";
+  let description = [{
+    Emitted by an op's default differentiation rule. `forward` names the
+    forward op and `forward_attrs` carries its attributes; `inputs` are the
+    forward op's operands (saved or recomputed values), `outputs` its
+    results when its rule needs them (the router's chosen experts),
+    `output_grads` the
+    gradients arriving at the forward results listed in `grad_of_outputs`
+    (the others contribute zero). There is one result per entry of
+    `grad_of_inputs`: the gradient of that forward operand. The runtime's
+    kernel is `<forward op without "moe.">.backward`.
+
+    ```mlir
+    %dx = moe.backward "moe.linear"(%x, %w) grads(%dy)
+        {forward_attrs = {}, grad_of_inputs = array<i64: 0>, grad_of_outputs = array<i64: 0>}
+        : (tensor<?x64xf32>, tensor<64x64xf32>, tensor<?x64xf32>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$forward, DictionaryAttr:$forward_attrs,
+                   DenseI64ArrayAttr:$grad_of_inputs, DenseI64ArrayAttr:$grad_of_outputs,
+                   Variadic<AnyType>:$inputs, Variadic<AnyType>:$outputs,
+                   Variadic<AnyType>:$output_grads);
+  let results = (outs Variadic<AnyType>:$input_grads);
+  let assemblyFormat = [{
+    $forward `(` $inputs `)` (`outputs` `(` $outputs^ `)`)? `grads` `(` $output_grads `)` attr-dict
+    `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The runtime kernel that computes this backward ("linear.backward").
+    std::string getKernelName();
+  }];
+}
+
+def Moe_ParamGradOp : Moe_Op<"param_grad", [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Accumulates a gradient into a trainable parameter's gradient buffer.";
+  let description = [{
+    Only trainable parameters have gradients; inside a layer template the
+    gradient belongs to the parameter of the layer being run.
+
+    ```mlir
+    moe.param_grad @q_proj_lora_A, %da : tensor<4x64xf32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param, AnyRankedTensor:$grad);
+  let assemblyFormat = "$param `,` $grad attr-dict `:` type($grad)";
+}
+
+def Moe_OptimizerOp : Moe_Op<"optimizer", [HasParent<"ModelOp">]> {
+  let summary = "The optimizer and learning-rate schedule of the training step.";
+  let description = [{
+    AdamW over every trainable parameter. The learning rate warms up
+    linearly for `warmup_steps`, then decays along a cosine to
+    `min_lr_ratio * lr` at `total_steps` (`schedule = "constant"` keeps
+    it flat); the global gradient norm is clipped to `max_grad_norm`
+    (0 = off) before the update.
+
+    ```mlir
+    moe.optimizer {kind = "adamw", lr = 1.0e-4 : f64, beta1 = 0.9 : f64, beta2 = 0.999 : f64,
+                   eps = 1.0e-8 : f64, weight_decay = 0.0 : f64, warmup_steps = 10 : i64,
+                   total_steps = 1000 : i64, schedule = "cosine", min_lr_ratio = 0.1 : f64,
+                   max_grad_norm = 1.0 : f64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind, F64Attr:$lr, F64Attr:$beta1, F64Attr:$beta2, F64Attr:$eps,
+                   F64Attr:$weight_decay, I64Attr:$warmup_steps, I64Attr:$total_steps,
+                   StrAttr:$schedule, F64Attr:$min_lr_ratio, F64Attr:$max_grad_norm);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
 }
 
 #endif // DIALECTS_MOE_MOEOPS_TD_

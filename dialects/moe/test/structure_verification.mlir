@@ -198,6 +198,6 @@ moe.model @m {
 // Tests that a model body holds only parameters, layer templates and functions.
 moe.model @m {
   moe.param @embed "model.embed_tokens.weight" : tensor<151936x2048xbf16>
-  // expected-error @+1 {{'moe.weight' op is not allowed directly in a moe.model (expected moe.param, moe.layer or func.func)}}
+  // expected-error @+1 {{'moe.weight' op is not allowed directly in a moe.model (expected moe.param, moe.layer, moe.optimizer or func.func)}}
   %t = moe.weight @embed : tensor<151936x2048xbf16>
 }

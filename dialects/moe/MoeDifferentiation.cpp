@@ -1,0 +1,206 @@
+//===- MoeDifferentiation.cpp - differentiation rules and training ops ----===//
+//
+// The default rule (one moe.backward per op), the ops that override it, and
+// the verifiers of the ops the training step introduces.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/moe/MoeOps.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+using namespace mlir;
+
+namespace moec::moe {
+
+bool isFloatTensor(Type type) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  return tensor && isa<FloatType>(tensor.getElementType());
+}
+
+LogicalResult buildGenericBackward(Operation *op, OpBuilder &builder, ValueRange resultGrads,
+                                   ArrayRef<bool> wanted, SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.assign(op->getNumOperands(), Value());
+  SmallVector<int64_t> inputs, outputs;
+  SmallVector<Value> grads;
+  SmallVector<Type> types;
+  for (auto [index, want] : llvm::enumerate(wanted))
+    if (want) {
+      inputs.push_back(index);
+      types.push_back(op->getOperand(index).getType());
+    }
+  for (auto [index, grad] : llvm::enumerate(resultGrads))
+    if (grad) {
+      outputs.push_back(index);
+      grads.push_back(grad);
+    }
+  if (inputs.empty() || outputs.empty())
+    return success();
+  // Attributes the forward op declares (not discardable ones such as layout hints).
+  SmallVector<NamedAttribute> attrs;
+  for (NamedAttribute attr : op->getAttrs())
+    if (attr.getName() != "operandSegmentSizes")
+      attrs.push_back(attr);
+  auto backward = builder.create<BackwardOp>(
+      op->getLoc(), types, builder.getStringAttr(op->getName().getStringRef()),
+      builder.getDictionaryAttr(attrs), builder.getDenseI64ArrayAttr(inputs),
+      builder.getDenseI64ArrayAttr(outputs), op->getOperands(),
+      cast<DifferentiableOpInterface>(op).backwardUsesResults() ? ValueRange(op->getResults())
+                                                                : ValueRange(),
+      grads);
+  for (auto [result, index] : llvm::zip(backward.getResults(), inputs))
+    operandGrads[index] = result;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Ops that override the default rule
+//===----------------------------------------------------------------------===//
+
+LogicalResult AddOp::buildBackward(OpBuilder &builder, ValueRange resultGrads,
+                                   ArrayRef<bool> wanted, SmallVectorImpl<Value> &operandGrads) {
+  // d(a + b) passes the same gradient to both sides; no kernel.
+  operandGrads.assign(2, Value());
+  for (unsigned i = 0; i < 2; ++i)
+    if (wanted[i])
+      operandGrads[i] = resultGrads[0];
+  return success();
+}
+
+static ParamOp lookupParam(WeightOp weight) {
+  return SymbolTable::lookupNearestSymbolFrom<ParamOp>(weight, weight.getParamAttr());
+}
+
+bool RouterOp::backwardUsesResults() { return true; }
+
+bool WeightOp::isGradientSource() {
+  ParamOp param = lookupParam(*this);
+  return param && param.getTrainable();
+}
+
+LogicalResult WeightOp::buildBackward(OpBuilder &builder, ValueRange resultGrads,
+                                      ArrayRef<bool>, SmallVectorImpl<Value> &) {
+  // Frozen parameters never get here: their reads are not gradient sources.
+  if (resultGrads[0] && isGradientSource())
+    builder.create<ParamGradOp>(getLoc(), getParamAttr(), resultGrads[0]);
+  return success();
+}
+
+bool ApplyLayerOp::isGradientSource() {
+  auto layer = SymbolTable::lookupNearestSymbolFrom<LayerOp>(*this, getCalleeAttr());
+  if (!layer)
+    return false;
+  return llvm::any_of(layer.getBody().getOps<ParamOp>(),
+                      [](ParamOp param) { return param.getTrainable(); });
+}
+
+LogicalResult ApplyLayerOp::buildBackward(OpBuilder &builder, ValueRange resultGrads,
+                                          ArrayRef<bool> wanted,
+                                          SmallVectorImpl<Value> &operandGrads) {
+  // The training forward template returns (output, saved values...); its
+  // backward template takes (inputs..., saved values..., d output) and
+  // returns the gradient of each differentiable input.
+  operandGrads.assign(getNumOperands(), Value());
+  if (!resultGrads[0])
+    return success();
+  auto layer = SymbolTable::lookupNearestSymbolFrom<LayerOp>(*this, getCalleeAttr());
+  auto backwardName = layer ? layer->getAttrOfType<FlatSymbolRefAttr>(kBackwardTemplateAttr)
+                            : FlatSymbolRefAttr();
+  auto backward = backwardName
+                      ? SymbolTable::lookupNearestSymbolFrom<LayerOp>(*this, backwardName)
+                      : LayerOp();
+  if (!backward)
+    return emitOpError("layer '") << getCallee()
+                                  << "' has no backward template; run it through "
+                                     "--moe-build-training-step";
+  SmallVector<Value> operands(getOperands());
+  llvm::append_range(operands, getResults().drop_front());
+  operands.push_back(resultGrads[0]);
+  auto call = builder.create<ApplyLayerOp>(getLoc(), backward.getResultTypes(), backwardName,
+                                           getIndexAttr(), operands);
+  unsigned next = 0;
+  for (unsigned i = 0; i < getNumOperands(); ++i)
+    if (isFloatTensor(getOperand(i).getType())) {
+      if (next < call.getNumResults() && wanted[i])
+        operandGrads[i] = call.getResult(next);
+      ++next;
+    }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Training ops
+//===----------------------------------------------------------------------===//
+
+std::string BackwardOp::getKernelName() {
+  return getForward().str().substr(getForward().starts_with("moe.") ? 4 : 0) + ".backward";
+}
+
+LogicalResult BackwardOp::verify() {
+  ArrayRef<int64_t> ofInputs = getGradOfInputs(), ofOutputs = getGradOfOutputs();
+  if (ofInputs.size() != getNumResults())
+    return emitOpError("has ") << getNumResults() << " results but grad_of_inputs lists "
+                               << ofInputs.size() << " inputs";
+  if (ofOutputs.size() != getOutputGrads().size())
+    return emitOpError("has ") << getOutputGrads().size()
+                               << " output gradients but grad_of_outputs lists " << ofOutputs.size();
+  int64_t previous = -1;
+  for (auto [result, index] : llvm::zip(getResults(), ofInputs)) {
+    if (index <= previous || index >= static_cast<int64_t>(getInputs().size()))
+      return emitOpError("grad_of_inputs must be increasing input indices below ")
+             << getInputs().size();
+    if (result.getType() != getInputs()[index].getType())
+      return emitOpError("gradient of input ") << index << " has type " << result.getType()
+                                               << " but the input is "
+                                               << getInputs()[index].getType();
+    previous = index;
+  }
+  return success();
+}
+
+LogicalResult ParamGradOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  Operation *table = SymbolTable::getNearestSymbolTable((*this)->getParentOp());
+  auto param = symbols.lookupSymbolIn<ParamOp>(table, getParamAttr());
+  if (!param)
+    return emitOpError("'") << getParam() << "' does not name a moe.param in the enclosing "
+                            << table->getName();
+  if (!param.getTrainable())
+    return emitOpError("parameter '") << getParam()
+                                      << "' is frozen; only trainable parameters have gradients";
+  if (param.getType() != getGrad().getType())
+    return emitOpError("gradient type ") << getGrad().getType() << " differs from parameter '"
+                                         << getParam() << "' of type " << param.getType();
+  return success();
+}
+
+LogicalResult OptimizerOp::verify() {
+  if (getKind() != "adamw")
+    return emitOpError("kind must be \"adamw\", got \"") << getKind() << "\"";
+  if (getSchedule() != "cosine" && getSchedule() != "constant")
+    return emitOpError("schedule must be \"cosine\" or \"constant\", got \"") << getSchedule() << "\"";
+  auto inRange = [](const APFloat &v, double lo, double hi) {
+    double d = v.convertToDouble();
+    return d >= lo && d < hi;
+  };
+  if (!(getLr().convertToDouble() > 0))
+    return emitOpError("lr must be positive");
+  if (!inRange(getBeta1(), 0, 1) || !inRange(getBeta2(), 0, 1))
+    return emitOpError("beta1 and beta2 must be in [0, 1)");
+  if (!(getEps().convertToDouble() > 0))
+    return emitOpError("eps must be positive");
+  if (getWeightDecay().convertToDouble() < 0 || getMaxGradNorm().convertToDouble() < 0)
+    return emitOpError("weight_decay and max_grad_norm must not be negative");
+  if (!inRange(getMinLrRatio(), 0, 1.0000001))
+    return emitOpError("min_lr_ratio must be in [0, 1]");
+  if (static_cast<int64_t>(getWarmupSteps()) < 0 ||
+      static_cast<int64_t>(getTotalSteps()) <= 0 ||
+      static_cast<int64_t>(getWarmupSteps()) > static_cast<int64_t>(getTotalSteps()))
+    return emitOpError("need 0 <= warmup_steps <= total_steps and total_steps > 0, got ")
+           << static_cast<int64_t>(getWarmupSteps()) << " and "
+           << static_cast<int64_t>(getTotalSteps());
+  return success();
+}
+
+} // namespace moec::moe
+
+#include "dialects/moe/MoeInterfaces.cpp.inc"

@@ -1,0 +1,190 @@
+//===- Differentiate.cpp - reverse mode over straight-line moe IR ---------===//
+
+#include "passes/build_training_step/Differentiate.h"
+
+#include "llvm/ADT/SmallPtrSet.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+using namespace mlir;
+
+namespace moec::passes {
+
+LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Value> &sources,
+                            OpBuilder &builder, llvm::DenseMap<Value, Value> &grads) {
+  // Activity: which values depend on something that has a gradient.
+  llvm::DenseSet<Value> active(sources.begin(), sources.end());
+  for (Operation *op : ops) {
+    auto rule = dyn_cast<moe::DifferentiableOpInterface>(op);
+    if (!rule)
+      continue;
+    bool isActive = rule.isGradientSource();
+    for (unsigned i = 0; i < op->getNumOperands() && !isActive; ++i)
+      isActive = rule.isDifferentiableOperand(i) && active.contains(op->getOperand(i));
+    if (isActive)
+      for (Value result : op->getResults())
+        if (moe::isFloatTensor(result.getType()))
+          active.insert(result);
+  }
+
+  for (Operation *op : llvm::reverse(ops)) {
+    SmallVector<Value> resultGrads;
+    bool any = false;
+    for (Value result : op->getResults()) {
+      resultGrads.push_back(active.contains(result) ? grads.lookup(result) : Value());
+      any |= static_cast<bool>(resultGrads.back());
+    }
+    if (!any)
+      continue;
+    auto rule = dyn_cast<moe::DifferentiableOpInterface>(op);
+    if (!rule)
+      return op->emitOpError("has no differentiation rule (DifferentiableOpInterface), but a "
+                             "gradient reaches it");
+    SmallVector<bool> wanted;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+      wanted.push_back(rule.isDifferentiableOperand(i) && active.contains(op->getOperand(i)));
+    SmallVector<Value> operandGrads;
+    if (failed(rule.buildBackward(builder, resultGrads, wanted, operandGrads)))
+      return failure();
+    for (auto [operand, grad] : llvm::zip(op->getOperands(), operandGrads)) {
+      if (!grad)
+        continue;
+      Value &sum = grads[operand];
+      // A value used twice (a residual) receives the sum of both gradients.
+      sum = sum ? builder.create<moe::AddOp>(op->getLoc(), sum, grad).getResult() : grad;
+    }
+  }
+  return success();
+}
+
+StringRef toString(Recompute policy) {
+  return policy == Recompute::None ? "none" : "per-layer";
+}
+
+namespace {
+
+/// Results that decide which experts or keys a token uses. Saved even under
+/// recomputation: re-deciding them could pick different experts in the backward.
+bool isRouting(Operation *op) { return isa<moe::RouterOp, moe::DSAIndexerOp>(op); }
+
+moe::LayerOp cloneTemplate(moe::LayerOp layer, StringRef name, IRMapping &mapping) {
+  auto copy = cast<moe::LayerOp>(layer->clone(mapping));
+  copy.setSymName(name);
+  return copy;
+}
+
+} // namespace
+
+FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute policy) {
+  std::string suffix = policy == Recompute::None ? "" : "_recompute";
+  std::string forwardName = (layer.getSymName() + "_fwd" + suffix).str();
+  std::string backwardName = (layer.getSymName() + "_bwd" + suffix).str();
+  Operation *model = layer->getParentOp();
+  auto existingForward = dyn_cast_or_null<moe::LayerOp>(SymbolTable::lookupSymbolIn(model, forwardName));
+  auto existingBackward = dyn_cast_or_null<moe::LayerOp>(SymbolTable::lookupSymbolIn(model, backwardName));
+  if (existingForward && existingBackward)
+    return LayerTraining{existingForward, existingBackward};
+  if (existingForward || existingBackward)
+    return layer.emitOpError("has only one of its training templates '")
+           << forwardName << "' and '" << backwardName << "'";
+  if (layer.getNumResults() != 1)
+    return layer.emitOpError("a layer template to train must return one value, it returns ")
+           << layer.getNumResults();
+
+  // The backward starts as a full copy of the forward: differentiate it, then
+  // turn the forward values it reads into arguments (saved) or keep them
+  // (recomputed), and drop the rest.
+  IRMapping toBackward;
+  moe::LayerOp backward = cloneTemplate(layer, backwardName, toBackward);
+  OpBuilder builder(layer);
+  builder.setInsertionPointAfter(layer);
+  builder.insert(backward);
+  Block &body = backward.getBody().front();
+  auto yield = cast<moe::YieldOp>(body.getTerminator());
+  Location loc = layer.getLoc();
+
+  SmallVector<Operation *> forwardOps;
+  llvm::SmallPtrSet<Operation *, 32> isForward;
+  for (Operation &op : body.without_terminator())
+    if (!isa<moe::ParamOp>(op)) {
+      forwardOps.push_back(&op);
+      isForward.insert(&op);
+    }
+  llvm::DenseSet<Value> sources;
+  SmallVector<BlockArgument> floatInputs;
+  for (BlockArgument arg : body.getArguments())
+    if (moe::isFloatTensor(arg.getType())) {
+      sources.insert(arg);
+      floatInputs.push_back(arg);
+    }
+  Value output = yield.getOperand(0);
+  BlockArgument outputGrad = body.addArgument(output.getType(), loc);
+  llvm::DenseMap<Value, Value> grads;
+  grads[output] = outputGrad;
+  builder.setInsertionPoint(yield);
+  if (failed(differentiate(forwardOps, sources, builder, grads)))
+    return failure();
+  SmallVector<Value> inputGrads;
+  for (BlockArgument arg : floatInputs) {
+    Value grad = grads.lookup(arg);
+    if (!grad)
+      return layer.emitOpError("output does not depend on input ") << arg.getArgNumber();
+    inputGrads.push_back(grad);
+  }
+  yield->setOperands(inputGrads);
+
+  // Saved values, in forward order. Parameter reads are never saved: the
+  // backward reads the parameter again.
+  llvm::DenseMap<Value, Value> toForwardValue;
+  for (auto [original, copy] : toBackward.getValueMap())
+    toForwardValue[copy] = original;
+  SmallVector<Value> saved;
+  for (Operation *op : forwardOps) {
+    if (isa<moe::WeightOp>(op))
+      continue;
+    for (Value result : op->getResults()) {
+      bool usedByBackward = llvm::any_of(result.getUsers(), [&](Operation *user) {
+        return !isForward.contains(user);
+      });
+      bool keep = policy == Recompute::None ? usedByBackward : isRouting(op) && !result.use_empty();
+      if (keep)
+        saved.push_back(result);
+    }
+  }
+  SmallVector<Value> savedInForward;
+  for (Value value : saved) {
+    BlockArgument arg = body.insertArgument(outputGrad.getArgNumber(), value.getType(), loc);
+    value.replaceAllUsesWith(arg);
+    savedInForward.push_back(toForwardValue.lookup(value));
+  }
+
+  // Drop forward ops nothing reads any more; mark the ones that stay.
+  for (Operation *op : llvm::reverse(forwardOps)) {
+    if (op->use_empty() && isMemoryEffectFree(op))
+      op->erase();
+    else if (!isa<moe::WeightOp>(op))
+      op->setAttr("recomputed", builder.getUnitAttr());
+  }
+  for (auto param : llvm::make_early_inc_range(body.getOps<moe::ParamOp>()))
+    if (SymbolTable::symbolKnownUseEmpty(param, backward))
+      param->erase();
+  backward.setFunctionTypeAttr(TypeAttr::get(
+      builder.getFunctionType(body.getArgumentTypes(), TypeRange(ValueRange(inputGrads)))));
+
+  // The forward returns its output and the saved values.
+  IRMapping toForward;
+  moe::LayerOp forward = cloneTemplate(layer, forwardName, toForward);
+  builder.setInsertionPointAfter(layer);
+  builder.insert(forward);
+  auto forwardYield = cast<moe::YieldOp>(forward.getBody().front().getTerminator());
+  for (Value value : savedInForward)
+    forwardYield->insertOperands(forwardYield->getNumOperands(), toForward.lookup(value));
+  forward.setFunctionTypeAttr(TypeAttr::get(builder.getFunctionType(
+      layer.getArgumentTypes(), forwardYield->getOperandTypes())));
+  forward->setAttr(moe::kBackwardTemplateAttr, FlatSymbolRefAttr::get(backward.getSymNameAttr()));
+  forward->setAttr("recompute", builder.getStringAttr(toString(policy)));
+  backward->setAttr("recompute", builder.getStringAttr(toString(policy)));
+  return LayerTraining{forward, backward};
+}
+
+} // namespace moec::passes

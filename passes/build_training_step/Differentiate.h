@@ -1,0 +1,54 @@
+//===- Differentiate.h - reverse mode over straight-line moe IR -*- C++ -*-===//
+//
+// The driver behind --moe-build-training-step: it walks ops backwards and asks
+// each op's DifferentiableOpInterface for its backward. It also builds the
+// training templates of a layer, which the memory planner reuses when it
+// switches a layer to recomputation.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PASSES_BUILD_TRAINING_STEP_DIFFERENTIATE_H_
+#define PASSES_BUILD_TRAINING_STEP_DIFFERENTIATE_H_
+
+#include "dialects/moe/MoeOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+namespace moec::passes {
+
+/// Emits the backward of `ops` (straight-line, in forward order) at the
+/// builder's insertion point. `grads` holds the seeds on entry and the
+/// gradient of every value reached on return. Only values that depend on a
+/// gradient source get gradients: a value in `sources`, a trainable
+/// parameter's read, a layer with trainable parameters. Frozen weights get
+/// none, so no weight gradient is ever computed for them.
+mlir::LogicalResult differentiate(llvm::ArrayRef<mlir::Operation *> ops,
+                                  const llvm::DenseSet<mlir::Value> &sources,
+                                  mlir::OpBuilder &builder,
+                                  llvm::DenseMap<mlir::Value, mlir::Value> &grads);
+
+/// What the backward of a layer keeps from its forward.
+enum class Recompute {
+  None,     ///< save every forward value the backward reads
+  PerLayer, ///< save only the inputs and the routing; re-run the rest
+};
+
+llvm::StringRef toString(Recompute policy);
+
+/// The pair of templates a layer trains with.
+struct LayerTraining {
+  /// (inputs...) -> (output, saved...), with `backward = @<backward>`.
+  moe::LayerOp forward;
+  /// (inputs..., saved..., d output) -> (d input for each float input).
+  moe::LayerOp backward;
+};
+
+/// Builds, or finds when built before, the training templates of `layer` for
+/// `policy`: `@<layer>_fwd`/`_bwd`, or `@<layer>_fwd_recompute`/`_bwd_recompute`.
+/// Saved routing (router weights and indices, sparse-attention indices) is
+/// never recomputed; recomputed forward ops carry the `recomputed` attribute.
+mlir::FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute policy);
+
+} // namespace moec::passes
+
+#endif // PASSES_BUILD_TRAINING_STEP_DIFFERENTIATE_H_
