@@ -10,6 +10,7 @@
 
 #include "passes/build_training_step/BuildTrainingStep.h"
 #include "passes/inject_lora/InjectLoRA.h"
+#include "passes/plan_memory/PlanMemory.h"
 
 namespace moec::passes {
 
@@ -17,6 +18,7 @@ namespace moec::passes {
 inline void registerAllPasses() {
   registerInjectLoRAPass();
   registerBuildTrainingStepPass();
+  registerPlanMemoryPass();
 }
 
 } // namespace moec::passes

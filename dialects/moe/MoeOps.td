@@ -531,16 +531,31 @@ def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
     D]`, `down: [E, D, I]`. gpt-oss stores `[in, out]` with gate and up
     interleaved in one tensor (`fused_gate_up`, `in_out_layout`) and adds
     biases.
+
+    Expert LoRA: each projection may carry one adapter per expert, `A: [E,
+    r, in]` and `B: [E, out, r]` in PEFT's per-expert layout, adding
+    `lora_scale * B_e (A_e x)` to that projection's output for expert `e`.
+
+    ```mlir
+    %y = moe.expert_mlp %t, %counts, up %up, down %down gate %gate
+        up_lora %ua, %ub down_lora %da, %db {activation = #moe<activation silu>, lora_scale = 2.0 : f64}
+        : (...) -> tensor<?x2048xbf16>
+    ```
   }];
   let arguments = (ins Moe_Tensor:$tokens, RankedTensorOf<[I64]>:$counts,
                    Moe_Tensor:$up, Moe_Tensor:$down, Optional<Moe_Tensor>:$gate,
                    Optional<Moe_Tensor>:$up_bias, Optional<Moe_Tensor>:$down_bias,
+                   Optional<Moe_Tensor>:$gate_lora_a, Optional<Moe_Tensor>:$gate_lora_b,
+                   Optional<Moe_Tensor>:$up_lora_a, Optional<Moe_Tensor>:$up_lora_b,
+                   Optional<Moe_Tensor>:$down_lora_a, Optional<Moe_Tensor>:$down_lora_b,
                    Moe_ActivationAttr:$activation, UnitAttr:$fused_gate_up, UnitAttr:$in_out_layout,
-                   OptionalAttr<F64Attr>:$limit);
+                   OptionalAttr<F64Attr>:$limit, OptionalAttr<F64Attr>:$lora_scale);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = [{
     $tokens `,` $counts `,` `up` $up `,` `down` $down (`gate` $gate^)? (`up_bias` $up_bias^)?
-    (`down_bias` $down_bias^)? attr-dict `:` functional-type(operands, results)
+    (`down_bias` $down_bias^)? (`gate_lora` $gate_lora_a^ `,` $gate_lora_b)?
+    (`up_lora` $up_lora_a^ `,` $up_lora_b)? (`down_lora` $down_lora_a^ `,` $down_lora_b)?
+    attr-dict `:` functional-type(operands, results)
   }];
   let extraClassDeclaration = [{
     int64_t getNumExperts() {

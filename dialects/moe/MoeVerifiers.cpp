@@ -411,6 +411,46 @@ LogicalResult DispatchOp::verify() {
                  c.dim("counts", getCounts(), 0, getNumExperts(), "num_experts"));
 }
 
+/// Per-expert adapters: A [E, r, in] and B [E, out, r] for each adapted projection.
+static LogicalResult verifyExpertLoRA(ExpertMLPOp op, Checker &c, int64_t e, int64_t d,
+                                     int64_t inter) {
+  struct Adapter {
+    const char *name;
+    Value a, b;
+    int64_t in, out;
+  };
+  Adapter adapters[] = {{"gate_lora", op.getGateLoraA(), op.getGateLoraB(), d, inter},
+                        {"up_lora", op.getUpLoraA(), op.getUpLoraB(), d, inter},
+                        {"down_lora", op.getDownLoraA(), op.getDownLoraB(), inter, d}};
+  int64_t rank = ShapedType::kDynamic;
+  bool any = false;
+  for (const Adapter &adapter : adapters) {
+    if (!adapter.a)
+      continue;
+    any = true;
+    if (op.getFusedGateUp() || op.getInOutLayout())
+      return op.emitOpError("expert LoRA needs separate [out, in] expert weights, not fused_gate_up "
+                         "or in_out_layout");
+    std::string a = std::string(adapter.name) + " A", b = std::string(adapter.name) + " B";
+    if (!(c.rank(a.c_str(), adapter.a, 3) && c.rank(b.c_str(), adapter.b, 3)))
+      return failure();
+    if (ShapedType::isDynamic(rank))
+      rank = tensorType(adapter.a).getDimSize(1);
+    if (!(c.dim(a.c_str(), adapter.a, 0, e, "number of experts") &&
+          c.dim(a.c_str(), adapter.a, 1, rank, "LoRA rank") &&
+          c.dim(a.c_str(), adapter.a, 2, adapter.in, "projection inputs") &&
+          c.dim(b.c_str(), adapter.b, 0, e, "number of experts") &&
+          c.dim(b.c_str(), adapter.b, 1, adapter.out, "projection outputs") &&
+          c.dim(b.c_str(), adapter.b, 2, rank, "LoRA rank")))
+      return failure();
+  }
+  if (op.getGateLoraA() && !op.getGate())
+    return op.emitOpError("gate_lora needs a gate projection");
+  if (any != static_cast<bool>(op.getLoraScaleAttr()))
+    return op.emitOpError(any ? "expert LoRA needs lora_scale" : "lora_scale without expert LoRA");
+  return success();
+}
+
 LogicalResult ExpertMLPOp::verify() {
   Checker c(*this);
   if (!(c.rank("tokens", getTokens(), 2) && c.rank("up", getUp(), 3) &&
@@ -452,8 +492,9 @@ LogicalResult ExpertMLPOp::verify() {
     return failure();
   if (getDownBias() && !c.numElements("down_bias", getDownBias(), e * d, "experts * features"))
     return failure();
-  return success();
+  return verifyExpertLoRA(*this, c, e, d, inter);
 }
+
 
 LogicalResult CombineOp::verify() {
   Checker c(*this);

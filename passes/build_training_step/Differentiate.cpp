@@ -182,6 +182,7 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   forward.setFunctionTypeAttr(TypeAttr::get(builder.getFunctionType(
       layer.getArgumentTypes(), forwardYield->getOperandTypes())));
   forward->setAttr(moe::kBackwardTemplateAttr, FlatSymbolRefAttr::get(backward.getSymNameAttr()));
+  forward->setAttr("layer_template", FlatSymbolRefAttr::get(layer.getSymNameAttr()));
   forward->setAttr("recompute", builder.getStringAttr(toString(policy)));
   backward->setAttr("recompute", builder.getStringAttr(toString(policy)));
   return LayerTraining{forward, backward};

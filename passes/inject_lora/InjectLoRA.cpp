@@ -71,6 +71,18 @@ public:
         adapt(layer, linear, path);
     }
 
+    // What PEFT export needs: adapter_config.json lists the modules it adapted.
+    Builder b(model.getContext());
+    SmallVector<Attribute> names;
+    for (const std::string &name : matched)
+      names.push_back(b.getStringAttr(name));
+    model->setAttr("lora", b.getDictionaryAttr({
+                               b.getNamedAttr("r", b.getI64IntegerAttr(rank)),
+                               b.getNamedAttr("alpha", b.getF64FloatAttr(alpha)),
+                               b.getNamedAttr("dropout", b.getF64FloatAttr(dropout)),
+                               b.getNamedAttr("targets", b.getArrayAttr(names)),
+                           }));
+
     std::vector<std::string> unmatched;
     for (const std::string &target : wanted)
       if (!matched.count(target))

@@ -1,0 +1,170 @@
+//===- EmitPlan.cpp - serialise a placed Program as a plan ----------------===//
+
+#include "compiler/plan/EmitPlan.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir;
+
+namespace moec::compiler {
+
+namespace {
+
+void setFloat(google::protobuf::Map<std::string, plan::Attr> &attrs, const std::string &key,
+              const APFloat &value) {
+  attrs[key].set_f(value.convertToDouble());
+}
+
+/// Kernel attributes as the runtime reads them: numbers, strings, flags,
+/// integer lists; structured ones (RoPE, YaRN) flattened to dotted keys.
+void addAttr(google::protobuf::Map<std::string, plan::Attr> &attrs, StringRef key, Attribute attr) {
+  std::string name = key.str();
+  if (isa<UnitAttr>(attr))
+    attrs[name].set_b(true);
+  else if (auto b = dyn_cast<BoolAttr>(attr))
+    attrs[name].set_b(b.getValue());
+  else if (auto i = dyn_cast<IntegerAttr>(attr))
+    attrs[name].set_i(i.getInt());
+  else if (auto f = dyn_cast<FloatAttr>(attr))
+    setFloat(attrs, name, f.getValue());
+  else if (auto s = dyn_cast<StringAttr>(attr))
+    attrs[name].set_s(s.str());
+  else if (auto ints = dyn_cast<DenseI64ArrayAttr>(attr))
+    for (int64_t v : ints.asArrayRef())
+      attrs[name].mutable_ints()->add_values(v);
+  else if (auto dict = dyn_cast<DictionaryAttr>(attr))
+    for (NamedAttribute inner : dict) // a backward's forward attributes: the same keys
+      addAttr(attrs, inner.getName(), inner.getValue());
+  else if (auto activation = dyn_cast<moe::ActivationAttr>(attr))
+    attrs[name].set_s(moe::stringifyActivation(activation.getValue()).str());
+  else if (auto scoring = dyn_cast<moe::RouterScoringAttr>(attr))
+    attrs[name].set_s(moe::stringifyRouterScoring(scoring.getValue()).str());
+  else if (auto rope = dyn_cast<moe::RopeAttr>(attr)) {
+    setFloat(attrs, name + ".theta", rope.getTheta());
+    attrs[name + ".dim"].set_i(rope.getDim());
+    attrs[name + ".style"].set_s(moe::stringifyRopeStyle(rope.getStyle()).str());
+    if (moe::YarnAttr yarn = rope.getYarn()) {
+      setFloat(attrs, name + ".yarn.factor", yarn.getFactor());
+      attrs[name + ".yarn.original_max_position"].set_i(yarn.getOriginalMaxPosition());
+      setFloat(attrs, name + ".yarn.beta_fast", yarn.getBetaFast());
+      setFloat(attrs, name + ".yarn.beta_slow", yarn.getBetaSlow());
+      setFloat(attrs, name + ".yarn.mscale", yarn.getMscale());
+      setFloat(attrs, name + ".yarn.mscale_all_dim", yarn.getMscaleAllDim());
+    }
+  } else {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    attr.print(os);
+    attrs[name].set_s(text);
+  }
+}
+
+} // namespace
+
+FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
+  plan::Plan out;
+  out.set_version(plan::kPlanVersion);
+  out.set_model(model.getSymName().str());
+  if (auto type = model->getAttrOfType<StringAttr>("model_type"))
+    out.set_model_type(type.str());
+  out.set_seq_len(program.seqLen);
+  out.set_micro_batch(program.microBatch);
+  auto recompute = model->getAttrOfType<StringAttr>("recompute");
+  out.set_recompute(recompute ? recompute.str() : "none");
+  plan::Mesh *mesh = out.mutable_mesh();
+  mesh->set_dp(1);
+  mesh->set_tp(1);
+  mesh->set_pp(1);
+  mesh->set_ep(1);
+
+  plan::Rank *rank = out.add_ranks();
+  rank->set_rank(0);
+  rank->set_num_streams(1);
+  for (auto [role, bytes] : program.arenaBytes()) {
+    plan::Arena *arena = rank->add_arenas();
+    arena->set_role(role);
+    arena->set_size_bytes(bytes);
+  }
+  for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
+    if (buffer.offset < 0)
+      return model.emitError("buffer '") << buffer.name << "' has no arena offset";
+    plan::Buffer *b = rank->add_buffers();
+    b->set_id(static_cast<uint32_t>(id));
+    b->set_name(buffer.name);
+    b->set_role(buffer.role);
+    b->set_dtype(buffer.dtype);
+    for (int64_t dim : buffer.shape)
+      b->add_shape(dim);
+    b->set_offset(buffer.offset);
+    b->set_size_bytes(buffer.bytes);
+    b->set_first_step(buffer.first);
+    b->set_last_step(buffer.last);
+    if (buffer.role == plan::WEIGHT) {
+      plan::WeightBinding *binding = rank->add_weights();
+      binding->set_buffer(static_cast<uint32_t>(id));
+      binding->set_tensor(buffer.tensor);
+    }
+  }
+  for (const ProgramStep &step : program.steps) {
+    plan::Step *s = rank->add_steps();
+    s->set_stream(0);
+    s->set_phase(step.phase);
+    s->set_layer(step.layer);
+    s->set_origin(step.origin);
+    plan::Launch *launch = s->mutable_launch();
+    launch->set_kernel(step.kernel);
+    for (int id : step.inputs)
+      launch->add_inputs(static_cast<uint32_t>(id));
+    for (int id : step.outputs)
+      launch->add_outputs(static_cast<uint32_t>(id));
+    for (NamedAttribute attr : step.attrs)
+      if (attr.getName() != "recomputed")
+        addAttr(*launch->mutable_attrs(), attr.getName(), attr.getValue());
+    launch->set_flops(step.flops);
+  }
+
+  auto optimizers = model.getBody().getOps<moe::OptimizerOp>();
+  if (optimizers.empty())
+    return model.emitError("no moe.optimizer; run --moe-build-training-step first");
+  moe::OptimizerOp o = *optimizers.begin();
+  plan::Optimizer *optimizer = out.mutable_optimizer();
+  optimizer->set_kind(o.getKind().str());
+  optimizer->set_lr(o.getLr().convertToDouble());
+  optimizer->set_beta1(o.getBeta1().convertToDouble());
+  optimizer->set_beta2(o.getBeta2().convertToDouble());
+  optimizer->set_eps(o.getEps().convertToDouble());
+  optimizer->set_weight_decay(o.getWeightDecay().convertToDouble());
+  optimizer->set_warmup_steps(o.getWarmupSteps());
+  optimizer->set_total_steps(o.getTotalSteps());
+  optimizer->set_schedule(o.getSchedule().str());
+  optimizer->set_min_lr_ratio(o.getMinLrRatio().convertToDouble());
+  optimizer->set_max_grad_norm(o.getMaxGradNorm().convertToDouble());
+
+  plan::LoraLayout *lora = out.mutable_lora();
+  if (auto config = model->getAttrOfType<DictionaryAttr>("lora")) {
+    if (auto r = config.getAs<IntegerAttr>("r"))
+      lora->set_r(r.getInt());
+    if (auto alpha = config.getAs<FloatAttr>("alpha"))
+      lora->set_alpha(alpha.getValueAsDouble());
+    if (auto dropout = config.getAs<FloatAttr>("dropout"))
+      lora->set_dropout(dropout.getValueAsDouble());
+    if (auto targets = config.getAs<ArrayAttr>("targets"))
+      for (auto target : targets.getAsValueRange<StringAttr>())
+        lora->add_target_modules(target.str());
+    lora->set_expert_lora(static_cast<bool>(config.get("expert_lora")));
+  }
+  for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
+    if (buffer.role != plan::LORA_PARAM)
+      continue;
+    plan::LoraTensor *tensor = lora->add_tensors();
+    tensor->set_peft_name(buffer.tensor);
+    tensor->set_rank(0);
+    tensor->set_param(static_cast<uint32_t>(id));
+    tensor->set_grad(buffer.grad);
+    tensor->set_adam_m(buffer.adamM);
+    tensor->set_adam_v(buffer.adamV);
+  }
+  return out;
+}
+
+} // namespace moec::compiler

@@ -1,0 +1,89 @@
+//===- Flops.cpp - FLOPs of one step --------------------------------------===//
+
+#include "compiler/plan/Flops.h"
+
+#include <algorithm>
+
+using namespace mlir;
+
+namespace moec::compiler {
+
+namespace {
+
+int64_t intAttr(DictionaryAttr attrs, StringRef name, int64_t otherwise = 0) {
+  auto attr = attrs ? attrs.getAs<IntegerAttr>(name) : IntegerAttr();
+  return attr ? attr.getInt() : otherwise;
+}
+
+/// FLOPs of forward kernel `kernel` on inputs of these shapes.
+int64_t forwardFlops(StringRef kernel, const std::vector<const std::vector<int64_t> *> &in,
+                     DictionaryAttr attrs, const Program &program) {
+  auto dim = [&](size_t operand, size_t d) -> int64_t {
+    return operand < in.size() && d < in[operand]->size() ? (*in[operand])[d] : 0;
+  };
+  int64_t rows = dim(0, 0), seq = program.seqLen;
+  int64_t sequences = std::max<int64_t>(1, rows / std::max<int64_t>(1, seq));
+  int64_t causalKeys = (seq + 1) / 2;
+  if (kernel == "linear")
+    return 2 * rows * dim(0, 1) * dim(1, 0);
+  if (kernel == "lora")
+    return 2 * rows * dim(1, 0) * (dim(1, 1) + dim(2, 0));
+  if (kernel == "router")
+    return 2 * rows * dim(0, 1) * dim(1, 0);
+  if (kernel == "expert_mlp") {
+    int64_t perRow = 0;
+    for (const std::vector<int64_t> *shape : in)
+      if (shape->size() == 3)
+        perRow += (*shape)[1] * (*shape)[2]; // one expert's matrix
+    return 2 * rows * perRow;
+  }
+  if (kernel == "attention") {
+    int64_t keys = causalKeys;
+    if (int64_t window = intAttr(attrs, "sliding_window"))
+      keys = std::min(keys, window);
+    return 4 * sequences * seq * keys * intAttr(attrs, "num_heads") * intAttr(attrs, "head_dim");
+  }
+  if (kernel == "mla" || kernel == "sparse_attention") {
+    int64_t keys = kernel == "mla" ? causalKeys : dim(4, 1); // sparse: the selected keys
+    int64_t perPair = 2 * (intAttr(attrs, "qk_nope_head_dim") + intAttr(attrs, "qk_rope_head_dim") +
+                           intAttr(attrs, "v_head_dim"));
+    return sequences * seq * keys * intAttr(attrs, "num_heads") * perPair;
+  }
+  if (kernel == "dsa_indexer")
+    return 2 * sequences * seq * causalKeys * intAttr(attrs, "num_heads") * intAttr(attrs, "head_dim");
+  // Chunked linear attention: a state update and a read per token and head.
+  if (kernel == "gated_delta_net")
+    return 6 * rows * intAttr(attrs, "num_value_heads") * intAttr(attrs, "key_head_dim") *
+           intAttr(attrs, "value_head_dim");
+  if (kernel == "kda")
+    return 6 * rows * intAttr(attrs, "num_heads") * intAttr(attrs, "head_dim") *
+           intAttr(attrs, "head_dim");
+  if (kernel == "mamba2")
+    return 6 * rows * intAttr(attrs, "num_heads") * intAttr(attrs, "head_dim") *
+           intAttr(attrs, "state_size");
+  return 0;
+}
+
+bool hasScores(StringRef kernel) {
+  return kernel == "attention" || kernel == "mla" || kernel == "sparse_attention" ||
+         kernel == "gated_delta_net" || kernel == "kda" || kernel == "mamba2";
+}
+
+} // namespace
+
+int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &program) {
+  std::vector<const std::vector<int64_t> *> shapes;
+  for (int id : step.inputs)
+    shapes.push_back(&program.buffers[id].shape);
+  auto backward = dyn_cast<moe::BackwardOp>(op);
+  if (!backward)
+    return forwardFlops(op->getName().stripDialect(), shapes, op->getAttrDictionary(), program);
+  StringRef kernel = StringRef(backward.getForward()).drop_front(strlen("moe."));
+  shapes.resize(backward.getInputs().size());
+  int64_t forward = forwardFlops(kernel, shapes, backward.getForwardAttrs(), program);
+  if (hasScores(kernel))
+    return forward * 5 / 2;
+  return forward * std::min<int64_t>(2, backward.getGradOfInputs().size());
+}
+
+} // namespace moec::compiler

@@ -1,0 +1,370 @@
+//===- Program.cpp - flatten the training step, assign arena offsets -----===//
+
+#include "compiler/plan/Program.h"
+
+#include <algorithm>
+
+#include "compiler/plan/Flops.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+using namespace mlir;
+
+namespace moec::compiler {
+
+namespace {
+
+plan::DType dtypeOf(Type element) {
+  if (element.isF32())
+    return plan::F32;
+  if (element.isBF16())
+    return plan::BF16;
+  if (element.isF16())
+    return plan::F16;
+  if (element.isInteger(32))
+    return plan::I32;
+  if (element.isInteger(64))
+    return plan::I64;
+  return plan::DTYPE_UNSPECIFIED;
+}
+
+std::string withLayer(StringRef name, int layer) {
+  std::string out = name.str();
+  if (size_t at = out.find("{layer}"); at != std::string::npos)
+    out.replace(at, strlen("{layer}"), std::to_string(layer));
+  return out;
+}
+
+/// The kernel a forward-or-backward op runs.
+std::string kernelName(Operation *op) {
+  if (auto backward = dyn_cast<moe::BackwardOp>(op))
+    return backward.getKernelName();
+  return op->getName().stripDialect().str();
+}
+
+class Flattener {
+public:
+  Flattener(Program &program, moe::ModelOp model) : program(program), model(model) {}
+
+  LogicalResult run() {
+    auto step = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
+    if (!step)
+      return model.emitError("no func.func @train_step; run --moe-build-training-step first");
+    Block &body = step.getBody().front();
+    if (body.getNumArguments() != 3)
+      return step.emitOpError("@train_step must take (ids, positions, labels)");
+    llvm::DenseMap<Value, int> values;
+    const char *names[] = {"input_ids", "positions", "labels"};
+    for (auto [arg, name] : llvm::zip(body.getArguments(), names))
+      values[arg] = newBuffer(name, plan::INPUT, arg.getType(), {program.tokens()});
+    Context top{/*layer=*/-1, /*instance=*/-1, /*backward=*/false, model};
+    if (failed(walk(body, values, top)))
+      return failure();
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    ProgramBuffer &loss = program.buffers[values.lookup(ret.getOperand(0))];
+    loss.name = "loss";
+    loss.role = plan::INPUT;
+    computeLiveRanges();
+    return success();
+  }
+
+private:
+  struct Context {
+    int layer, instance;
+    bool backward;
+    Operation *symbols; // the template or the model
+  };
+
+  int newBuffer(std::string name, plan::Role role, Type type, std::vector<int64_t> shape) {
+    ProgramBuffer buffer;
+    buffer.name = std::move(name);
+    buffer.role = role;
+    auto tensor = cast<RankedTensorType>(type);
+    buffer.dtype = dtypeOf(tensor.getElementType());
+    buffer.shape = std::move(shape);
+    buffer.bytes = plan::dtypeSize(buffer.dtype);
+    for (int64_t dim : buffer.shape)
+      buffer.bytes *= dim;
+    program.buffers.push_back(std::move(buffer));
+    return static_cast<int>(program.buffers.size()) - 1;
+  }
+
+  /// The buffer of a parameter at a layer, with its gradient and AdamW moments when trainable.
+  int paramBuffer(moe::ParamOp param, int layer) {
+    std::string tensor = withLayer(param.getTensorName(), layer);
+    auto [it, inserted] = params.try_emplace(tensor, -1);
+    if (!inserted)
+      return it->second;
+    ArrayRef<int64_t> shape = param.getTensorType().getShape();
+    std::vector<int64_t> dims(shape.begin(), shape.end());
+    bool trainable = param.getTrainable();
+    int id = newBuffer(tensor, trainable ? plan::LORA_PARAM : plan::WEIGHT, param.getTensorType(), dims);
+    program.buffers[id].tensor = tensor;
+    if (trainable) {
+      int grad = newBuffer(tensor + ".grad", plan::GRADIENT, param.getTensorType(), dims);
+      // AdamW moments stay in f32 whatever the parameter's dtype.
+      auto f32 = RankedTensorType::get(shape, Float32Type::get(model.getContext()));
+      int m = newBuffer(tensor + ".adam_m", plan::OPTIMIZER_STATE, f32, dims);
+      int v = newBuffer(tensor + ".adam_v", plan::OPTIMIZER_STATE, f32, dims);
+      ProgramBuffer &buffer = program.buffers[id];
+      buffer.grad = grad;
+      buffer.adamM = m;
+      buffer.adamV = v;
+    }
+    it->second = id;
+    return id;
+  }
+
+  /// The concrete shape of result `index` of `op`: only the leading (token) dimension is dynamic.
+  FailureOr<std::vector<int64_t>> shapeOf(Operation *op, unsigned index,
+                                          const llvm::DenseMap<Value, int> &values) {
+    auto type = cast<RankedTensorType>(op->getResult(index).getType());
+    std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
+    if (type.hasStaticShape())
+      return shape;
+    for (unsigned d = 1; d < shape.size(); ++d)
+      if (ShapedType::isDynamic(shape[d]))
+        return op->emitOpError("result ") << index << " has a dynamic dimension " << d
+                                          << "; only the token dimension may be dynamic";
+    auto rowsOf = [&](Value v) { return program.buffers[values.lookup(v)].shape.at(0); };
+    int64_t rows = program.tokens();
+    if (auto dispatch = dyn_cast<moe::DispatchOp>(op)) {
+      const ProgramBuffer &indices = program.buffers[values.lookup(dispatch.getIndices())];
+      rows = indices.shape.at(0) * indices.shape.at(1); // one row per (token, expert) pair
+    } else if (auto combine = dyn_cast<moe::CombineOp>(op)) {
+      rows = rowsOf(combine.getIndices());
+    } else if (auto backward = dyn_cast<moe::BackwardOp>(op)) {
+      rows = rowsOf(backward.getInputs()[backward.getGradOfInputs()[index]]);
+    } else {
+      for (Value operand : op->getOperands()) {
+        auto operandType = dyn_cast<RankedTensorType>(operand.getType());
+        if (operandType && operandType.getRank() > 0 && operandType.isDynamicDim(0)) {
+          rows = rowsOf(operand);
+          break;
+        }
+      }
+    }
+    shape[0] = rows;
+    return shape;
+  }
+
+  LogicalResult walk(Block &block, llvm::DenseMap<Value, int> &values, Context context) {
+    for (Operation &op : block) {
+      if (isa<moe::ParamOp, func::ReturnOp, moe::YieldOp>(op))
+        continue;
+      if (auto weight = dyn_cast<moe::WeightOp>(op)) {
+        auto param = SymbolTable::lookupSymbolIn(context.symbols, weight.getParamAttr());
+        values[weight] = paramBuffer(cast<moe::ParamOp>(param), context.layer);
+        continue;
+      }
+      if (auto apply = dyn_cast<moe::ApplyLayerOp>(op)) {
+        if (failed(walkLayer(apply, values, context)))
+          return failure();
+        continue;
+      }
+      if (auto grad = dyn_cast<moe::ParamGradOp>(op)) {
+        auto param = cast<moe::ParamOp>(SymbolTable::lookupSymbolIn(context.symbols, grad.getParamAttr()));
+        int target = program.buffers[paramBuffer(param, context.layer)].grad;
+        addStep(&op, "accumulate_grad", {values.lookup(grad.getGrad())}, {target}, context);
+        continue;
+      }
+      if (isa<moe::FillOp>(op))
+        context.backward = true; // the loss seed starts the backward
+      if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp>(op))
+        return op.emitOpError("has no kernel; the plan can only run moe compute ops");
+      std::vector<int> inputs, outputs;
+      for (Value operand : op.getOperands())
+        inputs.push_back(values.lookup(operand));
+      for (unsigned i = 0; i < op.getNumResults(); ++i) {
+        FailureOr<std::vector<int64_t>> shape = shapeOf(&op, i, values);
+        if (failed(shape))
+          return failure();
+        std::string name = (context.layer >= 0 ? "layer" + std::to_string(context.layer) + "." : "") +
+                           kernelName(&op) + "." + std::to_string(program.steps.size());
+        if (op.getNumResults() > 1)
+          name += "#" + std::to_string(i);
+        int id = newBuffer(name, context.instance >= 0 ? plan::WORKSPACE : plan::ACTIVATION,
+                           op.getResult(i).getType(), *shape);
+        program.buffers[id].instance = context.instance;
+        values[op.getResult(i)] = id;
+        outputs.push_back(id);
+      }
+      addStep(&op, kernelName(&op), inputs, outputs, context);
+    }
+    return success();
+  }
+
+  LogicalResult walkLayer(moe::ApplyLayerOp apply, llvm::DenseMap<Value, int> &values,
+                          Context context) {
+    auto layer = dyn_cast_or_null<moe::LayerOp>(SymbolTable::lookupSymbolIn(model, apply.getCalleeAttr()));
+    if (!layer)
+      return apply.emitOpError("calls '") << apply.getCallee() << "', not a moe.layer";
+    Block &body = layer.getBody().front();
+    llvm::DenseMap<Value, int> inner;
+    for (auto [arg, operand] : llvm::zip(body.getArguments(), apply.getOperands()))
+      inner[arg] = values.lookup(operand);
+    Context nested{static_cast<int>(apply.getIndexAttr().getInt()),
+                   static_cast<int>(program.instanceTemplate.size()), context.backward, layer};
+    program.instanceTemplate.push_back(layer.getSymName().str());
+    if (failed(walk(body, inner, nested)))
+      return failure();
+    // Values the layer returns outlive it: they become activations.
+    for (auto [result, yielded] : llvm::zip(apply.getResults(), body.getTerminator()->getOperands())) {
+      int id = inner.lookup(yielded);
+      ProgramBuffer &buffer = program.buffers[id];
+      if (buffer.role == plan::WORKSPACE) {
+        buffer.role = plan::ACTIVATION;
+        buffer.instance = -1;
+      }
+      values[result] = id;
+    }
+    return success();
+  }
+
+  void addStep(Operation *op, std::string kernel, std::vector<int> inputs, std::vector<int> outputs,
+               const Context &context) {
+    ProgramStep step;
+    step.kernel = std::move(kernel);
+    step.inputs = std::move(inputs);
+    step.outputs = std::move(outputs);
+    step.attrs = op->getAttrDictionary();
+    step.layer = context.layer;
+    step.phase = !context.backward            ? plan::FORWARD
+                 : op->hasAttr("recomputed") ? plan::RECOMPUTE
+                                              : plan::BACKWARD;
+    std::string origin;
+    llvm::raw_string_ostream os(origin);
+    os << op->getName();
+    if (context.layer >= 0)
+      os << " in @" << cast<moe::LayerOp>(context.symbols).getSymName() << "[" << context.layer << "]";
+    step.origin = origin;
+    step.flops = estimateFlops(op, step, program);
+    program.steps.push_back(std::move(step));
+  }
+
+  void computeLiveRanges() {
+    int last = static_cast<int>(program.steps.size()) - 1;
+    for (auto [index, step] : llvm::enumerate(program.steps))
+      for (const std::vector<int> *ids : {&step.inputs, &step.outputs})
+        for (int id : *ids) {
+          ProgramBuffer &buffer = program.buffers[id];
+          int at = static_cast<int>(index);
+          buffer.first = buffer.first < 0 ? at : std::min(buffer.first, at);
+          buffer.last = std::max(buffer.last, at);
+        }
+    for (ProgramBuffer &buffer : program.buffers)
+      if (buffer.role != plan::ACTIVATION && buffer.role != plan::WORKSPACE) {
+        buffer.first = 0; // whole-step residents
+        buffer.last = last;
+      } else if (buffer.first < 0) {
+        buffer.first = buffer.last = 0;
+      }
+  }
+
+  Program &program;
+  moe::ModelOp model;
+  std::map<std::string, int> params;
+};
+
+/// Lowest offset where `size` bytes fit beside `placed` (sorted by offset).
+int64_t lowestFit(std::vector<std::pair<int64_t, int64_t>> &placed, int64_t size) {
+  std::sort(placed.begin(), placed.end());
+  int64_t offset = 0;
+  for (auto [begin, end] : placed) {
+    if (begin - offset >= size)
+      break;
+    offset = std::max(offset, end);
+  }
+  return offset;
+}
+
+constexpr int64_t kAlignment = 256; // what CUDA allocations give, so kernels may assume it
+
+int64_t aligned(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+/// Largest first, lowest offset that overlaps no placed buffer live at the same time.
+void placeByLiveness(Program &program, const std::vector<int> &ids) {
+  std::vector<int> order(ids);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return program.buffers[a].bytes > program.buffers[b].bytes;
+  });
+  std::vector<int> placedIds;
+  for (int id : order) {
+    ProgramBuffer &buffer = program.buffers[id];
+    std::vector<std::pair<int64_t, int64_t>> conflicts;
+    for (int other : placedIds) {
+      const ProgramBuffer &o = program.buffers[other];
+      if (o.first <= buffer.last && buffer.first <= o.last)
+        conflicts.emplace_back(o.offset, o.offset + aligned(o.bytes));
+    }
+    buffer.offset = lowestFit(conflicts, aligned(buffer.bytes));
+    placedIds.push_back(id);
+  }
+}
+
+} // namespace
+
+FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch) {
+  Program program;
+  program.seqLen = seqLen;
+  program.microBatch = microBatch;
+  if (seqLen <= 0 || microBatch <= 0)
+    return model.emitError("sequence length and micro-batch must be positive, got ")
+           << seqLen << " and " << microBatch;
+  if (failed(Flattener(program, model).run()))
+    return failure();
+  return program;
+}
+
+void assignOffsets(Program &program) {
+  std::map<plan::Role, int64_t> packed;
+  std::vector<int> activations;
+  // Workspace: the first instance of each template is placed; the others copy its offsets.
+  std::map<std::string, int> firstInstance;
+  std::map<int, std::vector<int>> workspaceOf;
+  for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
+    if (buffer.role == plan::ACTIVATION) {
+      activations.push_back(static_cast<int>(id));
+    } else if (buffer.role == plan::WORKSPACE) {
+      workspaceOf[buffer.instance].push_back(static_cast<int>(id));
+    } else {
+      buffer.offset = packed[buffer.role];
+      packed[buffer.role] += aligned(buffer.bytes);
+    }
+  }
+  placeByLiveness(program, activations);
+  for (auto &[instance, ids] : workspaceOf) {
+    const std::string &name = program.instanceTemplate[instance];
+    auto [it, first] = firstInstance.try_emplace(name, instance);
+    if (first) {
+      placeByLiveness(program, ids);
+      continue;
+    }
+    // Instances of one template create the same buffers in the same order.
+    const std::vector<int> &model = workspaceOf[it->second];
+    bool same = model.size() == ids.size();
+    for (size_t k = 0; same && k < ids.size(); ++k)
+      same = program.buffers[model[k]].bytes == program.buffers[ids[k]].bytes;
+    if (!same) {
+      placeByLiveness(program, ids);
+      continue;
+    }
+    for (size_t k = 0; k < ids.size(); ++k)
+      program.buffers[ids[k]].offset = program.buffers[model[k]].offset;
+  }
+}
+
+std::map<plan::Role, int64_t> Program::arenaBytes() const {
+  std::map<plan::Role, int64_t> bytes;
+  for (const ProgramBuffer &buffer : buffers)
+    bytes[buffer.role] = std::max(bytes[buffer.role], buffer.offset + aligned(buffer.bytes));
+  return bytes;
+}
+
+int64_t Program::peakBytes() const {
+  int64_t total = 0;
+  for (auto [role, bytes] : arenaBytes())
+    total += bytes;
+  return total;
+}
+
+} // namespace moec::compiler

@@ -1,0 +1,75 @@
+//===- Program.h - the training step flattened into buffers and steps -*- C++ -*-===//
+//
+// The form between the IR and the plan. Layer templates are instantiated once
+// per layer (their `{layer}` parameters resolved), every value becomes a
+// buffer with a role, a concrete shape for the chosen tokens per step, and
+// a live range over the ordered steps. The memory planner assigns arena
+// offsets to it; plan emission serialises it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef COMPILER_PLAN_PROGRAM_H_
+#define COMPILER_PLAN_PROGRAM_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dialects/moe/MoeOps.h"
+#include "runtime/plan/PlanFormat.h"
+
+namespace moec::compiler {
+
+struct ProgramBuffer {
+  std::string name;
+  plan::Role role = plan::ROLE_UNSPECIFIED;
+  plan::DType dtype = plan::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  int first = -1, last = -1; // live range over step indices
+  int64_t offset = -1;
+  /// Checkpoint tensor (weights, LoRA parameters), layer index resolved.
+  std::string tensor;
+  /// For a LoRA parameter: its gradient and AdamW moments.
+  int grad = -1, adamM = -1, adamV = -1;
+  /// The layer instance a workspace buffer belongs to: every instance of a
+  /// template reuses the first one's offsets.
+  int instance = -1;
+};
+
+struct ProgramStep {
+  std::string kernel; // "linear", "linear.backward", "accumulate_grad", ...
+  std::vector<int> inputs, outputs;
+  mlir::DictionaryAttr attrs;
+  plan::Phase phase = plan::FORWARD;
+  int layer = -1;
+  std::string origin;
+  int64_t flops = 0;
+};
+
+struct Program {
+  int64_t seqLen = 0, microBatch = 0;
+  std::vector<ProgramBuffer> buffers;
+  std::vector<ProgramStep> steps;
+  /// Template name of each layer instance, to share workspace offsets.
+  std::vector<std::string> instanceTemplate;
+
+  int64_t tokens() const { return seqLen * microBatch; }
+  /// Bytes per role once offsets are assigned (the arena sizes).
+  std::map<plan::Role, int64_t> arenaBytes() const;
+  int64_t peakBytes() const;
+};
+
+/// Flattens `@train_step` of `model` for `seqLen x microBatch` tokens. Fails
+/// with a diagnostic on IR it cannot place (no @train_step, unknown ops).
+mlir::FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch);
+
+/// Assigns arena offsets: weights, LoRA parameters, gradients and optimizer
+/// state are packed; activations and workspace reuse memory whose live
+/// ranges do not overlap (largest first, lowest fitting offset).
+void assignOffsets(Program &program);
+
+} // namespace moec::compiler
+
+#endif // COMPILER_PLAN_PROGRAM_H_

@@ -1,0 +1,28 @@
+// RUN: moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2}))' | FileCheck %s
+// RUN: moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=45000}))' | FileCheck %s --check-prefix=CAP
+// RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=30KiB}))' 2>&1 | FileCheck %s --check-prefix=TOOSMALL
+// RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{memory-cap=lots}))' 2>&1 | FileCheck %s --check-prefix=BADCAP
+// RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-plan-memory))' 2>&1 | FileCheck %s --check-prefix=NOSTEP
+
+// Sizes by hand for 8 x 2 = 16 tokens, f32, each buffer rounded up to 256 bytes:
+//   weights: embed 32x16 (2048) + head (2048) + 2 layers x (norm 64->256, q 16x16 1024,
+//            router 4x16 256, up 4x8x16 2048, down 2048 = 5632) = 15360
+//   LoRA: 2 layers x (A 4x16 256 + B 16x4 256) = 1024; gradients the same; AdamW m and v: 2048
+//   inputs: ids, positions, labels 16 x i64 (128->256 each) + the f32 loss (4->256) = 1024
+// CHECK: memory_plan = {activation = [[ACT:[0-9]+]] : i64, gradient = 1024 : i64, input = 1024 : i64, lora_param = 1024 : i64, micro_batch = 2 : i64, optimizer_state = 2048 : i64, peak = [[PEAK:[0-9]+]] : i64, seq_len = 8 : i64, weight = 15360 : i64, workspace = [[WS:[0-9]+]] : i64}
+// CHECK-SAME: recompute = "none"
+
+// Peaks seen: 46080 saving everything, 44032 recomputing layer 0, 37632 recomputing both.
+// Under a 45000-byte cap the first layer recomputes and the second still saves.
+// CAP: peak = 44032 : i64
+// CAP-SAME: recompute = "mixed", recompute_layers = array<i64: 0>
+// CAP-DAG: moe.layer @block_fwd(
+// CAP-DAG: moe.layer @block_fwd_recompute(
+// CAP: moe.apply_layer @block_fwd_recompute[0]
+// CAP: moe.apply_layer @block_fwd[1]
+// CAP: moe.apply_layer @block_bwd[1]
+// CAP: moe.apply_layer @block_bwd_recompute[0]
+
+// TOOSMALL: error: moe-plan-memory: the step needs 0.00 GiB with every layer recomputed, above the cap of 0.00 GiB: 0.00 GiB missing
+// BADCAP: error: moe-plan-memory: memory-cap 'lots' is not a size (expected bytes or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB, e.g. 80GiB)
+// NOSTEP: error: no func.func @train_step; run --moe-build-training-step first

@@ -1,0 +1,774 @@
+//===- PlanValidator.cpp - reject a bad plan with a message ---------------===//
+
+#include "runtime/plan/PlanValidator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <queue>
+#include <set>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "runtime/plan/PlanFormat.h"
+
+namespace moec::plan {
+namespace {
+
+// Keeps the first `limit` messages but counts them all, so a plan with 100k
+// bad buffers gives a readable error and a true count.
+class Problems {
+public:
+  explicit Problems(size_t limit) : limit(limit) {}
+
+  template <typename... Args> void add(const Args &...args) {
+    if (messages.size() < limit)
+      messages.push_back(absl::StrCat(args...));
+    ++count;
+  }
+
+  size_t total() const { return count; }
+
+  std::vector<std::string> take() {
+    if (count > messages.size())
+      messages.push_back(absl::StrCat("... and ", count - messages.size(), " more problem(s)"));
+    return std::move(messages);
+  }
+
+private:
+  size_t limit;
+  size_t count = 0;
+  std::vector<std::string> messages;
+};
+
+std::string quoted(absl::string_view text) { return absl::StrCat("\"", absl::CHexEscape(text), "\""); }
+
+std::string roleString(int role) {
+  return Role_IsValid(role) ? roleName(static_cast<Role>(role)) : absl::StrCat("unknown (", role, ")");
+}
+
+std::string dtypeString(int dtype) {
+  return DType_IsValid(dtype) ? dtypeName(static_cast<DType>(dtype))
+                              : absl::StrCat("unknown (", dtype, ")");
+}
+
+bool isValidRole(int role) { return Role_IsValid(role) && role != ROLE_UNSPECIFIED; }
+bool isValidDType(int dtype) { return DType_IsValid(dtype) && dtype != DTYPE_UNSPECIFIED; }
+
+// Roles whose buffers hold state across the whole training step, so their
+// live range must be every step (plan.proto, Buffer).
+bool spansAllSteps(int role) {
+  return role == WEIGHT || role == LORA_PARAM || role == OPTIMIZER_STATE || role == GRADIENT;
+}
+
+std::string bufferWhere(int rank, int index, const Buffer &buffer) {
+  return absl::StrCat("rank ", rank, ", buffer ", index, " ", quoted(buffer.name()));
+}
+
+// "buffer 12 "layer3.q"" for a reference from elsewhere.
+std::string bufferRef(uint32_t id, const Buffer &buffer) {
+  return absl::StrCat("buffer ", id, " ", quoted(buffer.name()));
+}
+
+std::string stepWhere(int rank, int index, const Step &step) {
+  std::string what;
+  switch (step.kind_case()) {
+  case Step::kLaunch:
+    what = step.launch().kernel().empty() ? "launch" : step.launch().kernel();
+    break;
+  case Step::kCollective:
+    what = collectiveKindName(step.collective().kind());
+    break;
+  case Step::kRecord:
+    what = "record";
+    break;
+  case Step::kWait:
+    what = "wait";
+    break;
+  case Step::KIND_NOT_SET:
+    what = "no kind";
+    break;
+  }
+  std::string where = absl::StrCat("rank ", rank, ", step ", index, " (", what);
+  if (!step.origin().empty())
+    absl::StrAppend(&where, ", origin ", quoted(step.origin()));
+  return where + ")";
+}
+
+// A communicator as every member must spell it.
+using GroupKey = std::pair<std::string, std::vector<int32_t>>;
+
+std::string groupString(const GroupKey &key) {
+  return absl::StrCat(key.first, " [", absl::StrJoin(key.second, ","), "]");
+}
+
+// What the cross-rank checks need from one rank.
+struct RankSummary {
+  std::vector<bool> groupOk;
+  // Per group: (collective kind, step index) in step order.
+  std::vector<std::vector<std::pair<int, int>>> collectives;
+};
+
+void checkHeader(const Plan &plan, Problems &problems) {
+  if (plan.version() != kPlanVersion)
+    problems.add("version is ", plan.version(), ", expected ", kPlanVersion,
+                 " (the plan version this runtime reads; recompile the plan with a matching moec)");
+  if (plan.ranks_size() == 0)
+    problems.add("ranks is empty, expected at least one rank");
+  if (plan.seq_len() <= 0)
+    problems.add("seq_len is ", plan.seq_len(), ", expected > 0");
+  if (plan.micro_batch() <= 0)
+    problems.add("micro_batch is ", plan.micro_batch(), ", expected > 0");
+  const std::string &recompute = plan.recompute();
+  if (recompute != "none" && recompute != "per-layer" && recompute != "mixed")
+    problems.add("recompute is ", quoted(recompute), ", expected \"none\", \"per-layer\" or \"mixed\"");
+
+  const Mesh &mesh = plan.mesh();
+  const std::pair<const char *, int32_t> axes[] = {
+      {"dp", mesh.dp()}, {"tp", mesh.tp()}, {"pp", mesh.pp()}, {"ep", mesh.ep()}};
+  int64_t product = 1;
+  bool meshOk = true;
+  for (const auto &[axis, size] : axes) {
+    if (size < 0) {
+      problems.add("mesh.", axis, " is ", size, ", expected >= 0 (0 means 1)");
+      meshOk = false;
+    } else if (size > 0 && __builtin_mul_overflow(product, int64_t{size}, &product)) {
+      problems.add("mesh dp x tp x pp x ep overflows");
+      meshOk = false;
+      break;
+    }
+  }
+  if (meshOk && product != plan.ranks_size()) {
+    auto axis = [](int32_t size) { return size == 0 ? 1 : size; };
+    problems.add("mesh dp x tp x pp x ep is ", axis(mesh.dp()), "x", axis(mesh.tp()), "x",
+                 axis(mesh.pp()), "x", axis(mesh.ep()), " = ", product,
+                 ", expected the number of ranks (", plan.ranks_size(), ")");
+  }
+}
+
+void checkOptimizer(const Optimizer &opt, Problems &problems) {
+  // Written as !(good) so that NaN fails too.
+  if (opt.kind() != "adamw")
+    problems.add("optimizer.kind is ", quoted(opt.kind()), ", expected \"adamw\"");
+  if (!(std::isfinite(opt.lr()) && opt.lr() > 0))
+    problems.add("optimizer.lr is ", opt.lr(), ", expected > 0");
+  if (!(opt.beta1() >= 0 && opt.beta1() < 1))
+    problems.add("optimizer.beta1 is ", opt.beta1(), ", expected in [0, 1)");
+  if (!(opt.beta2() >= 0 && opt.beta2() < 1))
+    problems.add("optimizer.beta2 is ", opt.beta2(), ", expected in [0, 1)");
+  if (!(std::isfinite(opt.eps()) && opt.eps() > 0))
+    problems.add("optimizer.eps is ", opt.eps(), ", expected > 0");
+  if (!(std::isfinite(opt.weight_decay()) && opt.weight_decay() >= 0))
+    problems.add("optimizer.weight_decay is ", opt.weight_decay(), ", expected >= 0");
+  if (opt.total_steps() <= 0)
+    problems.add("optimizer.total_steps is ", opt.total_steps(), ", expected > 0");
+  if (opt.warmup_steps() < 0 || opt.warmup_steps() > opt.total_steps())
+    problems.add("optimizer.warmup_steps is ", opt.warmup_steps(),
+                 ", expected in [0, total_steps] = [0, ", opt.total_steps(), "]");
+  if (opt.schedule() != "cosine" && opt.schedule() != "constant")
+    problems.add("optimizer.schedule is ", quoted(opt.schedule()), ", expected \"cosine\" or \"constant\"");
+  if (!(opt.min_lr_ratio() >= 0 && opt.min_lr_ratio() <= 1))
+    problems.add("optimizer.min_lr_ratio is ", opt.min_lr_ratio(), ", expected in [0, 1]");
+  if (!(std::isfinite(opt.max_grad_norm()) && opt.max_grad_norm() >= 0))
+    problems.add("optimizer.max_grad_norm is ", opt.max_grad_norm(), ", expected >= 0 (0 = no clipping)");
+}
+
+void checkLora(const Plan &plan, Problems &problems) {
+  const LoraLayout &lora = plan.lora();
+  if (lora.r() <= 0)
+    problems.add("lora.r is ", lora.r(), ", expected > 0");
+  if (!(std::isfinite(lora.alpha()) && lora.alpha() > 0))
+    problems.add("lora.alpha is ", lora.alpha(), ", expected > 0");
+  if (!(lora.dropout() >= 0 && lora.dropout() < 1))
+    problems.add("lora.dropout is ", lora.dropout(), ", expected in [0, 1)");
+  if (lora.target_modules_size() == 0)
+    problems.add("lora.target_modules is empty, expected the adapted module names");
+  for (int i = 0; i < lora.target_modules_size(); ++i)
+    if (lora.target_modules(i).empty())
+      problems.add("lora.target_modules[", i, "] is empty");
+  if (lora.tensors_size() == 0)
+    problems.add("lora.tensors is empty, expected one entry per trainable tensor");
+
+  std::set<std::pair<std::string, int32_t>> seen;
+  for (int i = 0; i < lora.tensors_size(); ++i) {
+    const LoraTensor &tensor = lora.tensors(i);
+    std::string where = absl::StrCat("lora.tensors[", i, "] ", quoted(tensor.peft_name()));
+    if (tensor.peft_name().empty())
+      problems.add(where, ": peft_name is empty");
+    if (!seen.insert({tensor.peft_name(), tensor.rank()}).second)
+      problems.add(where, ": listed twice for rank ", tensor.rank());
+    if (tensor.rank() < 0 || tensor.rank() >= plan.ranks_size()) {
+      problems.add(where, ": rank is ", tensor.rank(), ", expected in [0, ", plan.ranks_size(), ")");
+      continue;
+    }
+    const Rank &rank = plan.ranks(tensor.rank());
+    const Buffer *param = nullptr;
+    const std::tuple<const char *, uint32_t, Role> slots[] = {
+        {"param", tensor.param(), LORA_PARAM},
+        {"grad", tensor.grad(), GRADIENT},
+        {"adam_m", tensor.adam_m(), OPTIMIZER_STATE},
+        {"adam_v", tensor.adam_v(), OPTIMIZER_STATE}};
+    for (const auto &[field, id, role] : slots) {
+      bool isParam = role == LORA_PARAM;
+      if (id >= static_cast<uint32_t>(rank.buffers_size())) {
+        problems.add(where, ": ", field, " is ", id, ": missing buffer (rank ", tensor.rank(), " has ",
+                     rank.buffers_size(), " buffers)");
+        continue;
+      }
+      const Buffer &buffer = rank.buffers(id);
+      if (buffer.role() != role)
+        problems.add(where, ": ", field, " is ", bufferRef(id, buffer), " of role ", roleString(buffer.role()),
+                     ", expected ", roleName(role));
+      if (isParam) {
+        param = &buffer;
+      } else if (param && !std::equal(buffer.shape().begin(), buffer.shape().end(), param->shape().begin(),
+                             param->shape().end())) {
+        problems.add(where, ": ", field, " ", bufferRef(id, buffer), " has shape ",
+                     shapeToString(buffer.shape()), ", expected the param's shape ",
+                     shapeToString(param->shape()));
+      }
+    }
+  }
+}
+
+// Checks one rank; fills `summary` for the cross-rank checks.
+class RankChecker {
+public:
+  RankChecker(const Plan &plan, int index, Problems &problems, RankSummary &summary)
+      : plan(plan), rank(plan.ranks(index)), index(index), problems(problems), summary(summary) {}
+
+  void run() {
+    if (rank.rank() != index)
+      problems.add("ranks[", index, "]: rank is ", rank.rank(), ", expected its index ", index);
+    if (rank.num_streams() == 0)
+      problems.add(where(), "num_streams is 0, expected >= 1");
+    if (rank.steps_size() == 0 && rank.buffers_size() > 0)
+      problems.add(where(), "steps is empty but there are ", rank.buffers_size(),
+                   " buffers; live ranges need at least one step");
+    checkArenas();
+    checkGroups();
+    checkBuffers();
+    checkOverlaps();
+    checkBindings();
+    checkSteps();
+  }
+
+private:
+  std::string where() const { return absl::StrCat("rank ", index, ": "); }
+  int numSteps() const { return rank.steps_size(); }
+
+  void checkArenas() {
+    for (int i = 0; i < rank.arenas_size(); ++i) {
+      const Arena &arena = rank.arenas(i);
+      if (!isValidRole(arena.role())) {
+        problems.add("rank ", index, ", arenas[", i, "]: role is ", roleString(arena.role()), ", expected a role");
+        continue;
+      }
+      if (arena.size_bytes() < 0)
+        problems.add("rank ", index, ", arenas[", i, "] (", roleName(arena.role()), "): size_bytes is ",
+                     arena.size_bytes(), ", expected >= 0");
+      auto [it, inserted] = arenaOf.insert({arena.role(), i});
+      if (!inserted)
+        problems.add("rank ", index, ", arenas[", i, "]: same role as arenas[", it->second, "] (",
+                     roleName(arena.role()), "), expected one arena per role");
+    }
+  }
+
+  void checkGroups() {
+    summary.groupOk.assign(rank.groups_size(), false);
+    summary.collectives.assign(rank.groups_size(), {});
+    std::map<GroupKey, int> seen;
+    for (int g = 0; g < rank.groups_size(); ++g) {
+      const Group &group = rank.groups(g);
+      std::string at = absl::StrCat("rank ", index, ", groups[", g, "] (", group.axis(), "): ");
+      bool ok = true;
+      if (group.axis() != "dp" && group.axis() != "tp" && group.axis() != "ep" && group.axis() != "pp") {
+        problems.add(at, "axis is ", quoted(group.axis()), ", expected \"dp\", \"tp\", \"ep\" or \"pp\"");
+        ok = false;
+      }
+      if (group.ranks_size() == 0) {
+        problems.add(at, "ranks is empty");
+        ok = false;
+      }
+      std::set<int32_t> members;
+      for (int i = 0; i < group.ranks_size(); ++i) {
+        int32_t member = group.ranks(i);
+        if (member < 0 || member >= plan.ranks_size()) {
+          problems.add(at, "ranks[", i, "] is ", member, ", expected in [0, ", plan.ranks_size(), ")");
+          ok = false;
+        } else if (!members.insert(member).second) {
+          problems.add(at, "ranks[", i, "] is ", member, ", listed twice");
+          ok = false;
+        }
+      }
+      if (ok && !members.count(index)) {
+        problems.add(at, "ranks [", absl::StrJoin(group.ranks(), ","), "] do not include this rank ", index);
+        ok = false;
+      }
+      if (!ok)
+        continue;
+      GroupKey key{group.axis(), {group.ranks().begin(), group.ranks().end()}};
+      auto [it, inserted] = seen.insert({key, g});
+      if (!inserted) {
+        problems.add(at, "same communicator as groups[", it->second, "] (", groupString(key), ")");
+        continue;
+      }
+      summary.groupOk[g] = true;
+    }
+  }
+
+  void checkBuffers() {
+    bufferOk.assign(rank.buffers_size(), false);
+    std::set<int> rolesWithoutArena;
+    for (int i = 0; i < rank.buffers_size(); ++i) {
+      const Buffer &buffer = rank.buffers(i);
+      std::string at = bufferWhere(index, i, buffer) + ": ";
+      bool ok = true;
+      if (buffer.id() != static_cast<uint32_t>(i)) {
+        problems.add(at, "id is ", buffer.id(), ", expected its index ", i);
+        ok = false;
+      }
+      bool roleOk = isValidRole(buffer.role());
+      if (!roleOk) {
+        problems.add(at, "role is ", roleString(buffer.role()), ", expected a role");
+        ok = false;
+      }
+      bool dtypeOk = isValidDType(buffer.dtype());
+      if (!dtypeOk) {
+        problems.add(at, "dtype is ", dtypeString(buffer.dtype()), ", expected f32, bf16, f16, i32 or i64");
+        ok = false;
+      }
+
+      // An empty shape is a scalar (the loss): one element.
+      int64_t elements = 1;
+      bool shapeOk = true;
+      for (int d = 0; d < buffer.shape_size(); ++d) {
+        int64_t dim = buffer.shape(d);
+        if (dim <= 0) {
+          problems.add(at, "shape[", d, "] is ", dim, ", expected > 0");
+          shapeOk = false;
+        } else if (shapeOk && __builtin_mul_overflow(elements, dim, &elements)) {
+          problems.add(at, "shape ", shapeToString(buffer.shape()), " overflows 64-bit byte counts");
+          shapeOk = false;
+        }
+      }
+      int64_t expectedBytes = 0;
+      if (shapeOk && dtypeOk &&
+          __builtin_mul_overflow(elements, dtypeSize(static_cast<DType>(buffer.dtype())), &expectedBytes)) {
+        problems.add(at, "shape ", shapeToString(buffer.shape()), " overflows 64-bit byte counts");
+        shapeOk = false;
+      }
+      if (!shapeOk || !dtypeOk) {
+        ok = false;
+      } else if (buffer.size_bytes() != expectedBytes) {
+        problems.add(at, "size_bytes is ", buffer.size_bytes(), ", expected ", expectedBytes, " (shape ",
+                     shapeToString(buffer.shape()), " x ", dtypeSize(static_cast<DType>(buffer.dtype())),
+                     " bytes of ", dtypeName(static_cast<DType>(buffer.dtype())), ")");
+        ok = false;
+      }
+
+      if (buffer.offset() < 0) {
+        problems.add(at, "offset is ", buffer.offset(), ", expected >= 0");
+        ok = false;
+      } else if (roleOk) {
+        auto arena = arenaOf.find(buffer.role());
+        if (arena == arenaOf.end()) {
+          if (rolesWithoutArena.insert(buffer.role()).second)
+            problems.add(at, "role is ", roleName(buffer.role()), " but the rank has no ",
+                         roleName(buffer.role()), " arena");
+          ok = false;
+        } else if (ok) {
+          int64_t arenaSize = rank.arenas(arena->second).size_bytes();
+          // offset + size_bytes > arenaSize, written so that it cannot overflow.
+          if (buffer.size_bytes() > arenaSize || buffer.offset() > arenaSize - buffer.size_bytes()) {
+            problems.add(at, "offset + size_bytes is ", buffer.offset(), " + ", buffer.size_bytes(),
+                         ", expected <= the ", roleName(buffer.role()), " arena's size_bytes (", arenaSize,
+                         ")");
+            ok = false;
+          }
+        }
+      }
+
+      if (numSteps() > 0) {
+        int32_t first = buffer.first_step(), last = buffer.last_step();
+        if (first < 0 || first > last || last >= numSteps()) {
+          problems.add(at, "live range first_step..last_step is ", first, "..", last,
+                       ", expected 0 <= first_step <= last_step < ", numSteps(), " (steps)");
+          ok = false;
+        } else if (roleOk && spansAllSteps(buffer.role()) && (first != 0 || last != numSteps() - 1)) {
+          problems.add(at, "live range first_step..last_step is ", first, "..", last, ", expected 0..",
+                       numSteps() - 1, " (", roleName(buffer.role()), " buffers span every step)");
+          ok = false;
+        }
+      } else {
+        ok = false;
+      }
+      bufferOk[i] = ok;
+    }
+  }
+
+  // Two buffers of one arena whose bytes overlap must not be live at the same
+  // step. A sweep over steps keeps the byte ranges of the live buffers in an
+  // ordered map; they are pairwise disjoint, so a new range can only overlap
+  // its two neighbours: O(n log n). A buffer that conflicts is reported and
+  // left out, which keeps the invariant and reports each bad buffer once.
+  void checkOverlaps() {
+    std::map<int, std::vector<int>> byRole;
+    for (int i = 0; i < rank.buffers_size(); ++i)
+      if (bufferOk[i])
+        byRole[rank.buffers(i).role()].push_back(i);
+
+    // The runtime writes INPUT buffers before step 0 and reads the loss after
+    // the last step, so they hold their bytes throughout.
+    auto firstOf = [&](int i) {
+      const Buffer &b = rank.buffers(i);
+      return b.role() == INPUT ? 0 : b.first_step();
+    };
+    auto lastOf = [&](int i) {
+      const Buffer &b = rank.buffers(i);
+      return b.role() == INPUT ? numSteps() - 1 : b.last_step();
+    };
+
+    for (auto &[role, ids] : byRole) {
+      std::sort(ids.begin(), ids.end(), [&](int a, int b) {
+        return std::make_pair(firstOf(a), a) < std::make_pair(firstOf(b), b);
+      });
+      std::map<int64_t, int> live; // begin offset -> buffer index
+      using Expiry = std::pair<int32_t, int64_t>; // (last step, begin offset)
+      std::priority_queue<Expiry, std::vector<Expiry>, std::greater<Expiry>> expiries;
+      for (int i : ids) {
+        while (!expiries.empty() && expiries.top().first < firstOf(i)) {
+          live.erase(expiries.top().second);
+          expiries.pop();
+        }
+        const Buffer &buffer = rank.buffers(i);
+        int64_t begin = buffer.offset(), end = begin + buffer.size_bytes();
+        auto next = live.lower_bound(begin);
+        int clash = -1;
+        if (next != live.end() && next->first < end) {
+          clash = next->second;
+        } else if (next != live.begin()) {
+          const Buffer &prev = rank.buffers(std::prev(next)->second);
+          if (prev.offset() + prev.size_bytes() > begin)
+            clash = std::prev(next)->second;
+        }
+        if (clash >= 0) {
+          const Buffer &other = rank.buffers(clash);
+          problems.add(bufferWhere(index, i, buffer), ": bytes [", begin, ", ", end, ") live ", firstOf(i),
+                       "..", lastOf(i), " overlap ", bufferRef(clash, other), " at bytes [", other.offset(),
+                       ", ", other.offset() + other.size_bytes(), ") live ", firstOf(clash), "..",
+                       lastOf(clash), " in the ", roleName(static_cast<Role>(role)),
+                       " arena; buffers sharing bytes must have disjoint live ranges");
+          continue;
+        }
+        live.emplace(begin, i);
+        expiries.push({lastOf(i), begin});
+      }
+    }
+  }
+
+  void checkBindings() {
+    std::vector<int> boundBy(rank.buffers_size(), -1);
+    for (int j = 0; j < rank.weights_size(); ++j) {
+      const WeightBinding &binding = rank.weights(j);
+      std::string at = absl::StrCat("rank ", index, ", weights[", j, "] ", quoted(binding.tensor()), ": ");
+      const std::string &tensor = binding.tensor();
+      bool hasExpert = absl::StrContains(tensor, "{expert}");
+      if (tensor.empty())
+        problems.add(at, "tensor is empty, expected a checkpoint tensor name");
+      std::string rest = absl::StrReplaceAll(tensor, {{"{expert}", ""}});
+      if (absl::StrContains(rest, "{layer}"))
+        problems.add(at, "tensor contains unresolved {layer}, expected the layer index in place");
+      else if (rest.find_first_of("{}") != std::string::npos)
+        problems.add(at, "tensor contains an unresolved placeholder, expected only {expert}");
+      if (binding.first_expert() < 0)
+        problems.add(at, "first_expert is ", binding.first_expert(), ", expected >= 0");
+
+      uint32_t id = binding.buffer();
+      if (id >= static_cast<uint32_t>(rank.buffers_size())) {
+        problems.add(at, "buffer is ", id, ": missing buffer (rank has ", rank.buffers_size(), " buffers)");
+        continue;
+      }
+      const Buffer &buffer = rank.buffers(id);
+      if (buffer.role() != WEIGHT && buffer.role() != LORA_PARAM)
+        problems.add(at, bufferRef(id, buffer), " has role ", roleString(buffer.role()),
+                     ", expected weight or lora_param");
+      if (boundBy[id] >= 0)
+        problems.add(at, bufferRef(id, buffer), " is already bound by weights[", boundBy[id], "]");
+      else
+        boundBy[id] = j;
+      if (hasExpert && buffer.shape_size() == 0) {
+        problems.add(at, "tensor has {expert} but ", bufferRef(id, buffer),
+                     " is a scalar; experts stack along its leading dimension");
+        continue;
+      }
+
+      // With {expert} the slice addresses one expert's tensor: the buffer's
+      // shape without its leading (expert) dimension.
+      const Slice &slice = binding.slice();
+      if (slice.dims_size() == 0)
+        continue;
+      int skip = hasExpert ? 1 : 0;
+      int expectedDims = buffer.shape_size() - skip;
+      if (slice.dims_size() != expectedDims) {
+        problems.add(at, "slice has ", slice.dims_size(), " dims, expected ", expectedDims, " (",
+                     bufferRef(id, buffer), " has shape ", shapeToString(buffer.shape()),
+                     hasExpert ? ", less the expert dimension)" : ")");
+        continue;
+      }
+      for (int d = 0; d < slice.dims_size(); ++d) {
+        const Slice::Range &range = slice.dims(d);
+        if (range.start() < 0)
+          problems.add(at, "slice.dims[", d, "].start is ", range.start(), ", expected >= 0");
+        if (range.size() != buffer.shape(d + skip))
+          problems.add(at, "slice.dims[", d, "].size is ", range.size(), ", expected ", buffer.shape(d + skip),
+                       " (dimension ", d + skip, " of ", bufferRef(id, buffer), ")");
+      }
+    }
+    for (int i = 0; i < rank.buffers_size(); ++i)
+      if (rank.buffers(i).role() == WEIGHT && boundBy[i] < 0)
+        problems.add(bufferWhere(index, i, rank.buffers(i)),
+                     ": weight buffer has no weight binding, expected one (weights come from the checkpoint)");
+  }
+
+  // Checks a buffer that step `s` reads or writes. Returns it when it can be
+  // used for further checks (exists and passed its own checks).
+  const Buffer *checkUse(int s, const std::string &at, const char *field, int position, uint32_t id,
+                         bool writes) {
+    std::string ref = absl::StrCat(field, "[", position, "]");
+    if (id >= static_cast<uint32_t>(rank.buffers_size())) {
+      problems.add(at, ref, " is ", id, ": missing buffer (rank has ", rank.buffers_size(), " buffers)");
+      return nullptr;
+    }
+    const Buffer &buffer = rank.buffers(id);
+    if (writes && buffer.role() == WEIGHT)
+      problems.add(at, ref, " writes ", bufferRef(id, buffer), " of role weight; base weights are frozen");
+    if (!bufferOk[id])
+      return nullptr;
+    if (s < buffer.first_step() || s > buffer.last_step()) {
+      problems.add(at, ref, " is ", bufferRef(id, buffer), " whose live range ", buffer.first_step(), "..",
+                   buffer.last_step(), " does not include step ", s);
+      return nullptr;
+    }
+    return &buffer;
+  }
+
+  void checkSteps() {
+    // A set, not a vector of num_events flags: a corrupt count must not allocate gigabytes.
+    std::unordered_set<uint32_t> recorded;
+    for (int s = 0; s < rank.steps_size(); ++s) {
+      const Step &step = rank.steps(s);
+      std::string at = stepWhere(index, s, step) + ": ";
+      if (step.stream() >= rank.num_streams())
+        problems.add(at, "stream is ", step.stream(), ", expected < num_streams (", rank.num_streams(), ")");
+      if (!Phase_IsValid(step.phase()) || step.phase() == PHASE_UNSPECIFIED)
+        problems.add(at, "phase is ",
+                     Phase_IsValid(step.phase()) ? phaseName(step.phase())
+                                                 : absl::StrCat("unknown (", step.phase(), ")"),
+                     ", expected fwd, bwd or recompute");
+      if (step.layer() < -1)
+        problems.add(at, "layer is ", step.layer(), ", expected >= -1 (-1 = outside layers)");
+
+      switch (step.kind_case()) {
+      case Step::kLaunch:
+        checkLaunch(s, at, step.launch());
+        break;
+      case Step::kCollective:
+        checkCollective(s, at, step.collective());
+        break;
+      case Step::kRecord:
+        if (step.record().id() >= rank.num_events())
+          problems.add(at, "record.id is ", step.record().id(), ", expected < num_events (", rank.num_events(),
+                       ")");
+        else
+          recorded.insert(step.record().id());
+        break;
+      case Step::kWait:
+        // Waiting on an event no step has recorded yet waits for nothing: a race.
+        if (step.wait().id() >= rank.num_events())
+          problems.add(at, "wait.id is ", step.wait().id(), ", expected < num_events (", rank.num_events(), ")");
+        else if (!recorded.count(step.wait().id()))
+          problems.add(at, "wait.id is ", step.wait().id(), ", expected an event recorded by an earlier step");
+        break;
+      case Step::KIND_NOT_SET:
+        problems.add(at, "kind is not set, expected launch, collective, record or wait");
+        break;
+      }
+    }
+  }
+
+  void checkLaunch(int s, const std::string &at, const Launch &launch) {
+    if (launch.kernel().empty())
+      problems.add(at, "launch.kernel is empty, expected a kernel name");
+    if (launch.flops() < 0)
+      problems.add(at, "launch.flops is ", launch.flops(), ", expected >= 0");
+    for (int i = 0; i < launch.inputs_size(); ++i)
+      checkUse(s, at, "launch.inputs", i, launch.inputs(i), /*writes=*/false);
+    for (int i = 0; i < launch.outputs_size(); ++i)
+      checkUse(s, at, "launch.outputs", i, launch.outputs(i), /*writes=*/true);
+    for (const auto &[key, attr] : launch.attrs()) {
+      if (key.empty())
+        problems.add(at, "launch.attrs has an empty key");
+      if (attr.value_case() == Attr::VALUE_NOT_SET)
+        problems.add(at, "launch.attrs[", quoted(key), "] has no value");
+    }
+  }
+
+  // inputs[i] pairs with outputs[i]; their sizes follow from the kind and
+  // the group size, which is what the runtime passes to NCCL as counts.
+  void checkCollective(int s, const std::string &at, const Collective &collective) {
+    bool kindOk = Collective::Kind_IsValid(collective.kind()) && collective.kind() != Collective::KIND_UNSPECIFIED;
+    if (!kindOk)
+      problems.add(at, "collective.kind is ",
+                   Collective::Kind_IsValid(collective.kind())
+                       ? collectiveKindName(collective.kind())
+                       : absl::StrCat("unknown (", collective.kind(), ")"),
+                   ", expected all_reduce, all_gather, reduce_scatter, all_to_all or broadcast");
+    int64_t groupSize = 0;
+    if (collective.group() >= static_cast<uint32_t>(rank.groups_size())) {
+      problems.add(at, "collective.group is ", collective.group(), ", expected < the number of groups (",
+                   rank.groups_size(), ")");
+    } else {
+      if (summary.groupOk[collective.group()]) {
+        groupSize = rank.groups(collective.group()).ranks_size();
+        summary.collectives[collective.group()].push_back({collective.kind(), s});
+      }
+    }
+    if (collective.inputs_size() == 0)
+      problems.add(at, "collective.inputs is empty");
+    if (collective.inputs_size() != collective.outputs_size())
+      problems.add(at, "collective has ", collective.inputs_size(), " inputs and ", collective.outputs_size(),
+                   " outputs, expected as many outputs as inputs (inputs[i] -> outputs[i])");
+    std::vector<const Buffer *> inputs, outputs;
+    for (int i = 0; i < collective.inputs_size(); ++i)
+      inputs.push_back(checkUse(s, at, "collective.inputs", i, collective.inputs(i), /*writes=*/false));
+    for (int i = 0; i < collective.outputs_size(); ++i)
+      outputs.push_back(checkUse(s, at, "collective.outputs", i, collective.outputs(i), /*writes=*/true));
+    if (!kindOk || groupSize == 0)
+      return;
+    for (size_t i = 0; i < std::min(inputs.size(), outputs.size()); ++i) {
+      const Buffer *in = inputs[i], *out = outputs[i];
+      if (!in || !out)
+        continue;
+      if (in->dtype() != out->dtype()) {
+        problems.add(at, "collective.outputs[", i, "] is ", dtypeName(out->dtype()), ", expected the dtype of inputs[",
+                     i, "] (", dtypeName(in->dtype()), ")");
+        continue;
+      }
+      int64_t expected = in->size_bytes();
+      const char *rule = "the size of inputs[i]";
+      if (collective.kind() == Collective::ALL_GATHER) {
+        if (__builtin_mul_overflow(in->size_bytes(), groupSize, &expected))
+          expected = -1;
+        rule = "inputs[i] x group size";
+      } else if (collective.kind() == Collective::REDUCE_SCATTER) {
+        expected = in->size_bytes() % groupSize == 0 ? in->size_bytes() / groupSize : -1;
+        rule = "inputs[i] / group size";
+      }
+      if (out->size_bytes() != expected)
+        problems.add(at, collectiveKindName(collective.kind()), " outputs[", i, "] ", bufferRef(collective.outputs(i), *out),
+                     " is ", out->size_bytes(), " bytes, expected ", rule, " (inputs[", i, "] ",
+                     bufferRef(collective.inputs(i), *in), " is ", in->size_bytes(), " bytes, group size ",
+                     groupSize, ")");
+    }
+  }
+
+  const Plan &plan;
+  const Rank &rank;
+  int index;
+  Problems &problems;
+  RankSummary &summary;
+  std::map<int, int> arenaOf; // role -> arena index
+  std::vector<bool> bufferOk;
+};
+
+// Every member of a communicator must declare it identically and issue the
+// same collectives on it in the same order; otherwise NCCL hangs.
+void checkGroupsAcrossRanks(const Plan &plan, const std::vector<RankSummary> &summaries, Problems &problems) {
+  std::map<GroupKey, std::vector<std::pair<int, int>>> declared; // key -> (rank, group index)
+  for (int r = 0; r < plan.ranks_size(); ++r)
+    for (int g = 0; g < plan.ranks(r).groups_size(); ++g)
+      if (summaries[r].groupOk[g]) {
+        const Group &group = plan.ranks(r).groups(g);
+        declared[{group.axis(), {group.ranks().begin(), group.ranks().end()}}].push_back({r, g});
+      }
+
+  for (const auto &[key, declarers] : declared) {
+    std::string name = groupString(key);
+    std::set<int> who;
+    for (const auto &decl : declarers)
+      who.insert(decl.first);
+    for (int32_t member : key.second)
+      if (!who.count(member))
+        problems.add("group ", name, " (declared by rank ", declarers.front().first, " as groups[",
+                     declarers.front().second, "]): member rank ", member,
+                     " does not declare it, expected every member to declare the same axis and ranks");
+
+    const auto &[refRank, refGroup] = declarers.front();
+    const auto &reference = summaries[refRank].collectives[refGroup];
+    for (size_t d = 1; d < declarers.size(); ++d) {
+      const auto &[r, g] = declarers[d];
+      const auto &sequence = summaries[r].collectives[g];
+      size_t n = std::min(reference.size(), sequence.size());
+      size_t i = 0;
+      while (i < n && reference[i].first == sequence[i].first)
+        ++i;
+      if (i < n) {
+        problems.add("group ", name, ": collective #", i, " on it is ",
+                     collectiveKindName(static_cast<Collective::Kind>(sequence[i].first)), " at rank ", r, " step ",
+                     sequence[i].second, " but ",
+                     collectiveKindName(static_cast<Collective::Kind>(reference[i].first)), " at rank ", refRank,
+                     " step ", reference[i].second,
+                     ", expected every member to issue the same collectives in the same order");
+      } else if (reference.size() != sequence.size()) {
+        problems.add("group ", name, ": rank ", r, " issues ", sequence.size(), " collectives on it but rank ",
+                     refRank, " issues ", reference.size(),
+                     ", expected every member to issue the same collectives in the same order");
+      }
+    }
+  }
+}
+
+Problems validate(const Plan &plan, size_t limit) {
+  Problems problems(limit);
+  checkHeader(plan, problems);
+
+  // A plan that trains needs both; a forward-only plan may leave both out,
+  // but whatever it carries is checked.
+  bool trains = plan.has_optimizer() || plan.has_lora();
+  for (const Rank &rank : plan.ranks())
+    for (const Buffer &buffer : rank.buffers())
+      trains = trains || buffer.role() == LORA_PARAM;
+  if (trains) {
+    checkOptimizer(plan.optimizer(), problems);
+    checkLora(plan, problems);
+  }
+
+  std::vector<RankSummary> summaries(plan.ranks_size());
+  for (int r = 0; r < plan.ranks_size(); ++r)
+    RankChecker(plan, r, problems, summaries[r]).run();
+  checkGroupsAcrossRanks(plan, summaries, problems);
+  return problems;
+}
+
+} // namespace
+
+std::vector<std::string> findPlanProblems(const Plan &plan, size_t limit) { return validate(plan, limit).take(); }
+
+absl::Status validatePlan(const Plan &plan) {
+  Problems problems = validate(plan, 100);
+  if (problems.total() == 0)
+    return absl::OkStatus();
+  size_t total = problems.total();
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid plan: ", total, " problem(s)\n", absl::StrJoin(problems.take(), "\n")));
+}
+
+} // namespace moec::plan
