@@ -43,7 +43,9 @@ int64_t inactiveExpertParams(moe::LayerOp layer) {
   return inactive;
 }
 
-std::string human(int64_t n) {
+} // namespace
+
+std::string humanCount(int64_t n) {
   std::string out;
   llvm::raw_string_ostream os(out);
   if (n >= 1'000'000'000'000)
@@ -68,8 +70,6 @@ std::string withCommas(int64_t n) {
   }
   return out;
 }
-
-} // namespace
 
 ModelSummary summarizeModel(moe::ModelOp model) {
   ModelSummary s;
@@ -120,8 +120,8 @@ void printSummary(const ModelSummary &s, llvm::raw_ostream &os) {
                        withCommas(t.paramsPerLayer).c_str(), withCommas(t.activePerLayer).c_str());
   os << llvm::format("%-22s %6s  %-16s %-14s %18s\n", "embedding/norm/head", "", "", "",
                      withCommas(s.modelLevelParams).c_str());
-  os << "total parameters: " << withCommas(s.totalParams) << " (" << human(s.totalParams) << ")\n";
-  os << "active per token: " << withCommas(s.activeParams) << " (" << human(s.activeParams)
+  os << "total parameters: " << withCommas(s.totalParams) << " (" << humanCount(s.totalParams) << ")\n";
+  os << "active per token: " << withCommas(s.activeParams) << " (" << humanCount(s.activeParams)
      << ")\n";
   os << "bytes in bf16: " << withCommas(2 * s.totalParams) << " ("
      << llvm::format("%.2f", 2.0 * s.totalParams / 1e9) << " GB)\n";

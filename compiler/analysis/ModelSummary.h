@@ -36,6 +36,11 @@ struct ModelSummary {
 ModelSummary summarizeModel(moe::ModelOp model);
 void printSummary(const ModelSummary &summary, llvm::raw_ostream &os);
 
+/// "30,532,122,624".
+std::string withCommas(int64_t n);
+/// "30.53B", "26.74M", "512".
+std::string humanCount(int64_t n);
+
 } // namespace moec::analysis
 
 #endif // COMPILER_ANALYSIS_MODELSUMMARY_H_

@@ -395,6 +395,12 @@ llvm::Expected<OwningOpRef<ModuleOp>> importModel(const ModelSpec &spec, MLIRCon
     model->setAttr("max_position_embeddings", b.getI64IntegerAttr(spec.maxPositions));
   if (spec.mtpLayers)
     model->setAttr("skipped_mtp_layers", b.getI64IntegerAttr(spec.mtpLayers));
+  if (!spec.names.moduleRenames.empty()) {
+    SmallVector<NamedAttribute> renames;
+    for (const auto &[from, to] : spec.names.moduleRenames)
+      renames.push_back(b.getNamedAttr(from, b.getStringAttr(to)));
+    model->setAttr("peft_module_renames", b.getDictionaryAttr(renames));
+  }
   b.setInsertionPointToStart(&model.getBody().front());
 
   auto tensor = [&](ArrayRef<int64_t> shape) { return RankedTensorType::get(shape, elt); };

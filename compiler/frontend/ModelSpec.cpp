@@ -92,12 +92,15 @@ const std::vector<Convention> &conventions() {
        [](ModelSpec &s) {
          blockSparseMoeNames(s);
          s.names.mlp = "block_sparse_moe.";
+         s.names.moduleRenames = {{".self_attn.f_a_proj", ".self_attn.forget_gate.f_a_proj"},
+                                  {".self_attn.f_b_proj", ".self_attn.forget_gate.f_b_proj"}};
        }},
       {"nemotron_h", R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "mlp_hidden_act": "relu2"})",
        [](ModelSpec &s) {
          s.names.embed = "backbone.embeddings.weight";
          s.names.finalNorm = "backbone.norm_f.weight";
          s.names.layer = "backbone.layers.{layer}.";
+         s.names.moduleRenames = {{"backbone.", "model."}};
          s.names.singleMixerBlocks = true;
          s.names.attention = s.names.linearAttention = s.names.mlp = s.names.moe = "mixer.";
          s.attention.rope = false; // Mamba layers carry position; attention is NoPE

@@ -107,6 +107,9 @@ struct NameScheme {
   std::string experts = "experts.{expert}.";
   std::string expertGate = "gate_proj", expertUp = "up_proj", expertDown = "down_proj";
   std::string shared = "shared_experts.";
+  // Where transformers' module path differs from the checkpoint key (it
+  // renames keys on load): PEFT names adapters by module path.
+  std::vector<std::pair<std::string, std::string>> moduleRenames;
 };
 
 struct ModelSpec {

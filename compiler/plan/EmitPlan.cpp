@@ -10,6 +10,9 @@ namespace moec::compiler {
 
 namespace {
 
+/// How many operands each operand group has (present optional operands).
+constexpr llvm::StringLiteral kSegments = "operandSegmentSizes";
+
 void setFloat(google::protobuf::Map<std::string, plan::Attr> &attrs, const std::string &key,
               const APFloat &value) {
   attrs[key].set_f(value.convertToDouble());
@@ -32,9 +35,13 @@ void addAttr(google::protobuf::Map<std::string, plan::Attr> &attrs, StringRef ke
   else if (auto ints = dyn_cast<DenseI64ArrayAttr>(attr))
     for (int64_t v : ints.asArrayRef())
       attrs[name].mutable_ints()->add_values(v);
+  else if (auto ints = dyn_cast<DenseI32ArrayAttr>(attr))
+    for (int32_t v : ints.asArrayRef())
+      attrs[name].mutable_ints()->add_values(v);
   else if (auto dict = dyn_cast<DictionaryAttr>(attr))
     for (NamedAttribute inner : dict) // a backward's forward attributes: the same keys
-      addAttr(attrs, inner.getName(), inner.getValue());
+      addAttr(attrs, inner.getName() == kSegments ? "operand_segments" : inner.getName().strref(),
+              inner.getValue());
   else if (auto activation = dyn_cast<moe::ActivationAttr>(attr))
     attrs[name].set_s(moe::stringifyActivation(activation.getValue()).str());
   else if (auto scoring = dyn_cast<moe::RouterScoringAttr>(attr))
@@ -117,9 +124,17 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
       launch->add_inputs(static_cast<uint32_t>(id));
     for (int id : step.outputs)
       launch->add_outputs(static_cast<uint32_t>(id));
-    for (NamedAttribute attr : step.attrs)
-      if (attr.getName() != "recomputed")
-        addAttr(*launch->mutable_attrs(), attr.getName(), attr.getValue());
+    bool backward = StringRef(step.kernel).ends_with(".backward");
+    for (NamedAttribute attr : step.attrs) {
+      if (attr.getName() == "recomputed")
+        continue;
+      // A backward's own groups are (inputs, outputs, output grads); its forward's are
+      // under forward_attrs.
+      StringRef key = attr.getName().strref();
+      if (key == kSegments)
+        key = backward ? "backward_segments" : "operand_segments";
+      addAttr(*launch->mutable_attrs(), key, attr.getValue());
+    }
     launch->set_flops(step.flops);
   }
 

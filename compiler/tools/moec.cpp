@@ -1,73 +1,217 @@
 //===- moec.cpp - the MoEC compiler driver ---------------------------------===//
 //
-//   moec import CONFIG.json [-o model.mlir] [--summary] [--strict]
+//   moec import CONFIG.json [-o model.mlir] [--emit=mlir|summary] [--strict]
+//   moec compile CONFIG.json|model.mlir [--lora-rank R --lora-alpha A --lora-targets ...]
+//        [--seq-len N --micro-batch B] [--emit=plan|plan-text|mlir|report] -o OUT
 //
-// Built like mlir/examples/toy's driver: cl::opt options and an `--emit=`
-// action per subcommand. `compile` arrives with the training compiler.
+// Each command declares its own options (so both can have -o and --emit)
+// and parses the arguments after its name. `compile` also takes MLIR's pass
+// manager options, e.g. --mlir-print-ir-after-all.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/analysis/ModelSummary.h"
 #include "compiler/frontend/ImportModel.h"
+#include "compiler/pipelines/Pipelines.h"
+#include "compiler/plan/EmitPlan.h"
+#include "compiler/plan/Report.h"
 #include "dialects/moe/MoeOps.h"
+#include "runtime/plan/PlanIO.h"
+#include "runtime/plan/PlanText.h"
+#include "runtime/plan/PlanValidator.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
+#include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 
 using namespace llvm;
 
 namespace {
 
-cl::SubCommand importCommand("import", "Import a Hugging Face config.json into moe IR");
-
-cl::opt<std::string> inputPath(cl::Positional, cl::desc("<config.json>"), cl::Required,
-                               cl::sub(importCommand));
-cl::opt<std::string> outputPath("o", cl::desc("Output file (default: stdout)"),
-                                cl::value_desc("file"), cl::init("-"), cl::sub(importCommand));
-
-enum class Action { MLIR, Summary };
-cl::opt<Action> emitAction(
-    "emit", cl::desc("What to write"), cl::init(Action::MLIR),
-    cl::values(clEnumValN(Action::MLIR, "mlir", "the moe IR (default)"),
-               clEnumValN(Action::Summary, "summary",
-                          "parameters per layer type, totals, active parameters, bf16 bytes")),
-    cl::sub(importCommand));
-cl::opt<bool> summaryFlag("summary", cl::desc("Same as --emit=summary"), cl::sub(importCommand));
-cl::opt<bool> strict("strict", cl::desc("Fail on config keys the importer does not use"),
-                     cl::sub(importCommand));
-
 int fail(const Twine &message) {
   WithColor::error(errs(), "moec") << message << "\n";
   return 1;
 }
 
-int runImport() {
-  mlir::MLIRContext context;
+/// Imports a config, printing the unused-key warning (an error under --strict).
+mlir::OwningOpRef<mlir::ModuleOp> importConfig(StringRef path, mlir::MLIRContext &context,
+                                               bool strict) {
   std::vector<std::string> unused;
-  auto module = moec::frontend::importConfigFile(inputPath, context, &unused);
-  if (!module)
-    return fail(toString(module.takeError()));
+  auto module = moec::frontend::importConfigFile(path, context, &unused);
+  if (!module) {
+    fail(toString(module.takeError()));
+    return nullptr;
+  }
   if (!unused.empty()) {
-    std::string message = inputPath + ": keys not used by the importer: " + join(unused, ", ");
-    if (strict)
-      return fail(message + " (--strict)");
+    std::string message = path.str() + ": keys not used by the importer: " + join(unused, ", ");
+    if (strict) {
+      fail(message + " (--strict)");
+      return nullptr;
+    }
     WithColor::warning(errs(), "moec") << message << "\n";
   }
+  return std::move(*module);
+}
+
+moec::moe::ModelOp theModel(mlir::ModuleOp module) {
+  auto models = module.getOps<moec::moe::ModelOp>();
+  return models.empty() ? moec::moe::ModelOp() : *models.begin();
+}
+
+int runImport(int argc, char **argv) {
+  cl::opt<std::string> inputPath(cl::Positional, cl::desc("<config.json>"), cl::Required);
+  cl::opt<std::string> outputPath("o", cl::desc("Output file (default: stdout)"),
+                                  cl::value_desc("file"), cl::init("-"));
+  enum class Action { MLIR, Summary };
+  cl::opt<Action> emit(
+      "emit", cl::desc("What to write"), cl::init(Action::MLIR),
+      cl::values(clEnumValN(Action::MLIR, "mlir", "the moe IR (default)"),
+                 clEnumValN(Action::Summary, "summary",
+                            "parameters per layer type, totals, active parameters, bf16 bytes")));
+  cl::opt<bool> summary("summary", cl::desc("Same as --emit=summary"));
+  cl::opt<bool> strict("strict", cl::desc("Fail on config keys the importer does not use"));
+  cl::ParseCommandLineOptions(argc, argv, "moec import: a Hugging Face config.json to moe IR\n");
+
+  mlir::MLIRContext context;
+  auto module = importConfig(inputPath, context, strict);
+  if (!module)
+    return 1;
   std::string error;
   auto output = mlir::openOutputFile(outputPath, &error);
   if (!output)
     return fail(error);
-  if (summaryFlag || emitAction == Action::Summary) {
-    auto model = *(*module)->getOps<moec::moe::ModelOp>().begin();
-    moec::analysis::printSummary(moec::analysis::summarizeModel(model), output->os());
+  if (summary || emit == Action::Summary)
+    moec::analysis::printSummary(moec::analysis::summarizeModel(theModel(*module)), output->os());
+  else
+    output->os() << *module << "\n";
+  output->keep();
+  return 0;
+}
+
+int runCompile(int argc, char **argv) {
+  cl::opt<std::string> inputPath(cl::Positional, cl::desc("<config.json | model.mlir>"),
+                                 cl::Required);
+  cl::opt<std::string> outputPath(
+      "o", cl::desc("Output file (default: plan.moeplan for --emit=plan, else stdout)"),
+      cl::value_desc("file"));
+  enum class Action { Plan, PlanText, MLIR, Report };
+  cl::opt<Action> emit(
+      "emit", cl::desc("What to write"), cl::init(Action::Plan),
+      cl::values(clEnumValN(Action::Plan, "plan", "the executable plan, binary protobuf (default)"),
+                 clEnumValN(Action::PlanText, "plan-text", "the plan as text, for people and tests"),
+                 clEnumValN(Action::MLIR, "mlir", "the moe IR after the pipeline"),
+                 clEnumValN(Action::Report, "report",
+                            "parameters, FLOPs per step by kernel and phase, memory per role")));
+  cl::list<std::string> loraTargets(
+      "lora-targets", cl::CommaSeparated,
+      cl::desc("Modules to adapt: q_proj,k_proj,... or all-linear (default: all-linear; "
+               "a model.mlir that already has trainable parameters keeps them)"));
+  cl::opt<int64_t> loraRank("lora-rank", cl::desc("Adapter rank r"), cl::init(8));
+  cl::opt<double> loraAlpha("lora-alpha", cl::desc("Adapter alpha (updates scale by alpha/r)"),
+                            cl::init(16.0));
+  cl::opt<double> loraDropout("lora-dropout", cl::desc("Adapter input dropout"), cl::init(0.0));
+  cl::opt<int64_t> seqLen("seq-len", cl::desc("Tokens per sequence"), cl::init(4096));
+  cl::opt<int64_t> microBatch("micro-batch", cl::desc("Sequences per step"), cl::init(1));
+  cl::opt<std::string> recompute("recompute", cl::desc("none or per-layer"), cl::init("none"));
+  cl::opt<std::string> memoryCap("memory-cap",
+                                 cl::desc("Most bytes per GPU, e.g. 80GiB; layers recompute "
+                                          "until the plan fits"));
+  cl::opt<double> lr("lr", cl::desc("Peak learning rate"), cl::init(1e-4));
+  cl::opt<int64_t> warmupSteps("warmup-steps", cl::desc("Linear warmup steps"), cl::init(10));
+  cl::opt<int64_t> totalSteps("total-steps", cl::desc("Steps of the cosine schedule"),
+                              cl::init(1000));
+  cl::opt<bool> strict("strict", cl::desc("Fail on config keys the importer does not use"));
+  mlir::registerPassManagerCLOptions();
+  mlir::registerMLIRContextCLOptions();
+  mlir::registerAsmPrinterCLOptions();
+  cl::ParseCommandLineOptions(argc, argv,
+                              "moec compile: a model to a LoRA training plan\n");
+
+  mlir::MLIRContext context;
+  context.loadDialect<moec::moe::MoeDialect, mlir::func::FuncDialect>();
+  mlir::OwningOpRef<mlir::ModuleOp> module;
+  if (StringRef(inputPath).ends_with(".mlir")) {
+    module = mlir::parseSourceFile<mlir::ModuleOp>(inputPath, &context);
+    if (!module)
+      return fail(inputPath + ": not a valid moe IR file (see the diagnostics above)");
   } else {
-    (*module)->print(output->os());
-    output->os() << "\n";
+    module = importConfig(inputPath, context, strict);
+    if (!module)
+      return 1;
   }
+  moec::moe::ModelOp model = theModel(*module);
+  if (!model)
+    return fail(inputPath + ": no moe.model in the module");
+
+  moec::pipelines::LoRATrainingOptions options;
+  bool hasTrainable = false;
+  model.walk([&](moec::moe::ParamOp param) { hasTrainable |= param.getTrainable(); });
+  if (!loraTargets.empty())
+    options.loraTargets = loraTargets;
+  else if (!hasTrainable)
+    options.loraTargets = {"all-linear"};
+  options.loraRank = loraRank;
+  options.loraAlpha = loraAlpha;
+  options.loraDropout = loraDropout;
+  options.recompute = recompute;
+  options.lr = lr;
+  options.warmupSteps = warmupSteps;
+  options.totalSteps = totalSteps;
+  options.seqLen = seqLen;
+  options.microBatch = microBatch;
+  options.memoryCap = memoryCap;
+  mlir::PassManager pm(&context);
+  if (failed(mlir::applyPassManagerCLOptions(pm)))
+    return fail("bad pass manager options");
+  moec::pipelines::buildLoRATrainingPipeline(pm, options);
+  if (failed(pm.run(*module)))
+    return fail("compiling " + inputPath + " failed (see the diagnostics above)");
+
+  bool binary = emit == Action::Plan;
+  std::string path = outputPath.empty() ? std::string(binary ? "plan.moeplan" : "-") : outputPath.getValue();
+  if (emit == Action::MLIR) {
+    std::string error;
+    auto output = mlir::openOutputFile(path, &error);
+    if (!output)
+      return fail(error);
+    output->os() << *module << "\n";
+    output->keep();
+    return 0;
+  }
+  mlir::FailureOr<moec::compiler::Program> program =
+      moec::compiler::buildProgram(model, seqLen, microBatch);
+  if (failed(program))
+    return fail("cannot flatten the training step of " + inputPath);
+  moec::compiler::assignOffsets(*program);
+  mlir::FailureOr<moec::plan::Plan> plan = moec::compiler::emitPlan(model, *program);
+  if (failed(plan))
+    return fail("cannot emit the plan of " + inputPath);
+  // The compiler checks its own output with the runtime's validator.
+  if (absl::Status valid = moec::plan::validatePlan(*plan); !valid.ok())
+    return fail("internal error: the emitted plan is invalid: " + std::string(valid.message()));
+  if (binary) {
+    if (absl::Status saved = moec::plan::savePlan(*plan, path); !saved.ok())
+      return fail(std::string(saved.message()));
+    errs() << "moec: wrote " << path << " (" << plan->ranks(0).steps_size() << " steps, "
+           << plan->ranks(0).buffers_size() << " buffers)\n";
+    return 0;
+  }
+  std::string error;
+  auto output = mlir::openOutputFile(path, &error);
+  if (!output)
+    return fail(error);
+  if (emit == Action::PlanText)
+    output->os() << moec::plan::planToText(*plan);
+  else
+    moec::compiler::printReport(model, *program, output->os());
   output->keep();
   return 0;
 }
@@ -76,8 +220,19 @@ int runImport() {
 
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
-  cl::ParseCommandLineOptions(argc, argv, "MoEC: compile MoE models for LoRA fine-tuning\n");
-  if (importCommand)
-    return runImport();
-  return fail("expected a subcommand: import (see moec --help)");
+  StringRef command = argc > 1 ? argv[1] : "";
+  // The command's own parser sees "moec <command>" as its program name.
+  std::string name = std::string(argv[0]) + " " + command.str();
+  argv[1] = name.data();
+  if (command == "import")
+    return runImport(argc - 1, argv + 1);
+  if (command == "compile")
+    return runCompile(argc - 1, argv + 1);
+  errs() << "usage: moec <command> [options]\n"
+            "  import   CONFIG.json                 a Hugging Face config.json to moe IR\n"
+            "  compile  CONFIG.json|model.mlir      a model to a LoRA training plan\n"
+            "run 'moec <command> --help' for its options\n";
+  if (command.empty() || command == "--help" || command == "-h" || command == "help")
+    return command.empty() ? 1 : 0;
+  return fail("unknown command '" + command + "'");
 }

@@ -36,11 +36,9 @@ LogicalResult buildGenericBackward(Operation *op, OpBuilder &builder, ValueRange
     }
   if (inputs.empty() || outputs.empty())
     return success();
-  // Attributes the forward op declares (not discardable ones such as layout hints).
-  SmallVector<NamedAttribute> attrs;
-  for (NamedAttribute attr : op->getAttrs())
-    if (attr.getName() != "operandSegmentSizes")
-      attrs.push_back(attr);
+  // All of them, operandSegmentSizes included: the kernel needs to know which
+  // optional operands are present.
+  SmallVector<NamedAttribute> attrs(op->getAttrs());
   auto backward = builder.create<BackwardOp>(
       op->getLoc(), types, builder.getStringAttr(op->getName().getStringRef()),
       builder.getDictionaryAttr(attrs), builder.getDenseI64ArrayAttr(inputs),

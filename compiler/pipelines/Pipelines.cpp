@@ -1,0 +1,40 @@
+//===- Pipelines.cpp - named pass pipelines -------------------------------===//
+
+#include "compiler/pipelines/Pipelines.h"
+
+#include "passes/Passes.h"
+#include "mlir/Pass/PassRegistry.h"
+
+namespace moec::pipelines {
+
+void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOptions &options) {
+  mlir::OpPassManager &model = pm.nest<moe::ModelOp>();
+  if (!options.loraTargets.empty()) {
+    passes::InjectLoRAPassOptions lora;
+    lora.rank = options.loraRank;
+    lora.alpha = options.loraAlpha;
+    lora.dropout = options.loraDropout;
+    lora.targets.assign(options.loraTargets.begin(), options.loraTargets.end());
+    model.addPass(passes::createInjectLoRAPass(lora));
+  }
+  passes::BuildTrainingStepPassOptions step;
+  step.recompute = options.recompute;
+  step.lr = options.lr;
+  step.warmupSteps = options.warmupSteps;
+  step.totalSteps = options.totalSteps;
+  model.addPass(passes::createBuildTrainingStepPass(step));
+  passes::PlanMemoryPassOptions memory;
+  memory.seqLen = options.seqLen;
+  memory.microBatch = options.microBatch;
+  memory.memoryCap = options.memoryCap;
+  model.addPass(passes::createPlanMemoryPass(memory));
+}
+
+void registerPipelines() {
+  mlir::PassPipelineRegistration<LoRATrainingOptions>(
+      "moe-lora-training",
+      "LoRA injection, training step and memory planning: what `moec compile` runs",
+      buildLoRATrainingPipeline);
+}
+
+} // namespace moec::pipelines

@@ -1,0 +1,54 @@
+//===- Pipelines.h - named pass pipelines -----------------------*- C++ -*-===//
+//
+// `moec compile` runs these; `moe-opt --moe-lora-training='...'` runs the
+// same pipeline for pass authors and lit tests.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef COMPILER_PIPELINES_PIPELINES_H_
+#define COMPILER_PIPELINES_PIPELINES_H_
+
+#include <string>
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace moec::pipelines {
+
+struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOptions> {
+  ListOption<std::string> loraTargets{
+      *this, "lora-targets",
+      llvm::cl::desc("Modules to adapt (q_proj, ..., all-linear); empty = the model already "
+                     "has its trainable parameters")};
+  Option<int64_t> loraRank{*this, "lora-rank", llvm::cl::desc("Adapter rank r"),
+                           llvm::cl::init(8)};
+  Option<double> loraAlpha{*this, "lora-alpha", llvm::cl::desc("Adapter alpha (scale alpha/r)"),
+                           llvm::cl::init(16.0)};
+  Option<double> loraDropout{*this, "lora-dropout", llvm::cl::desc("Adapter dropout"),
+                             llvm::cl::init(0.0)};
+  Option<std::string> recompute{*this, "recompute",
+                                llvm::cl::desc("none or per-layer (see --moe-build-training-step)"),
+                                llvm::cl::init("none")};
+  Option<double> lr{*this, "lr", llvm::cl::desc("Peak learning rate"), llvm::cl::init(1e-4)};
+  Option<int64_t> warmupSteps{*this, "warmup-steps", llvm::cl::desc("Linear warmup steps"),
+                              llvm::cl::init(10)};
+  Option<int64_t> totalSteps{*this, "total-steps", llvm::cl::desc("Steps of the schedule"),
+                             llvm::cl::init(1000)};
+  Option<int64_t> seqLen{*this, "seq-len", llvm::cl::desc("Tokens per sequence"),
+                         llvm::cl::init(4096)};
+  Option<int64_t> microBatch{*this, "micro-batch", llvm::cl::desc("Sequences per step"),
+                             llvm::cl::init(1)};
+  Option<std::string> memoryCap{*this, "memory-cap",
+                                llvm::cl::desc("Most bytes per rank (80GiB); empty = no cap"),
+                                llvm::cl::init("")};
+};
+
+/// LoRA injection (when targets are given), the training step, memory planning.
+void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOptions &options);
+
+/// Registers `moe-lora-training` with the global pipeline registry.
+void registerPipelines();
+
+} // namespace moec::pipelines
+
+#endif // COMPILER_PIPELINES_PIPELINES_H_

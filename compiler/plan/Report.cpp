@@ -1,0 +1,99 @@
+//===- Report.cpp - what one training step costs --------------------------===//
+
+#include "compiler/plan/Report.h"
+
+#include <map>
+
+#include "compiler/analysis/ModelSummary.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+
+namespace moec::compiler {
+
+namespace {
+
+std::string gib(int64_t bytes) {
+  return llvm::formatv("{0:F2} GiB", static_cast<double>(bytes) / (1ull << 30)).str();
+}
+
+std::string tflops(int64_t flops) { return llvm::formatv("{0:F3}", flops / 1e12).str(); }
+
+} // namespace
+
+void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &os) {
+  using analysis::humanCount;
+  using analysis::withCommas;
+  int64_t total = 0, trainable = 0;
+  for (const ProgramBuffer &buffer : program.buffers) {
+    int64_t elements = 1;
+    for (int64_t dim : buffer.shape)
+      elements *= dim;
+    if (buffer.role == plan::WEIGHT)
+      total += elements;
+    else if (buffer.role == plan::LORA_PARAM)
+      trainable += elements;
+  }
+  total += trainable;
+  os << "model: " << model.getSymName();
+  if (auto type = model->getAttrOfType<StringAttr>("model_type"))
+    os << " (" << type.getValue() << ")";
+  os << "\ntokens per step: " << program.tokens() << " (seq-len " << program.seqLen
+     << " x micro-batch " << program.microBatch << ")\n";
+  os << "parameters: total " << withCommas(total) << " (" << humanCount(total) << "), trainable "
+     << withCommas(trainable) << " (" << humanCount(trainable) << ", "
+     << llvm::format("%.4f", 100.0 * trainable / std::max<int64_t>(1, total)) << "%)\n";
+  if (auto lora = model->getAttrOfType<DictionaryAttr>("lora")) {
+    os << "lora:";
+    for (NamedAttribute entry : lora) {
+      os << " " << entry.getName().getValue() << "=";
+      if (auto list = dyn_cast<ArrayAttr>(entry.getValue()))
+        os << llvm::join(list.getAsValueRange<StringAttr>(), ",");
+      else if (auto f = dyn_cast<FloatAttr>(entry.getValue()))
+        os << llvm::format("%g", f.getValueAsDouble());
+      else if (auto i = dyn_cast<IntegerAttr>(entry.getValue()))
+        os << i.getInt();
+      else
+        os << entry.getValue();
+    }
+    os << "\n";
+  }
+  auto recompute = model->getAttrOfType<StringAttr>("recompute");
+  os << "recompute: " << (recompute ? recompute.getValue() : "none");
+  if (auto layers = model->getAttrOfType<DenseI64ArrayAttr>("recompute_layers"))
+    os << " (" << layers.size() << " layer(s))";
+  os << "\n\n";
+
+  // FLOPs: rows are kernels (a backward under its forward's name), columns phases.
+  std::map<std::string, std::array<int64_t, 3>> flops;
+  std::array<int64_t, 3> totals = {0, 0, 0};
+  for (const ProgramStep &step : program.steps) {
+    if (!step.flops)
+      continue;
+    StringRef kernel = StringRef(step.kernel).split(".backward").first;
+    int column = step.phase == plan::FORWARD ? 0 : step.phase == plan::BACKWARD ? 1 : 2;
+    flops[kernel.str()][column] += step.flops;
+    totals[column] += step.flops;
+  }
+  os << "FLOPs per step (TFLOP; matrix products and attention):\n";
+  os << llvm::format("  %-18s %12s %12s %12s\n", "kernel", "forward", "backward", "recompute");
+  for (auto &[kernel, row] : flops)
+    os << llvm::format("  %-18s %12s %12s %12s\n", kernel.c_str(), tflops(row[0]).c_str(),
+                       tflops(row[1]).c_str(), tflops(row[2]).c_str());
+  os << llvm::format("  %-18s %12s %12s %12s\n", "total", tflops(totals[0]).c_str(),
+                     tflops(totals[1]).c_str(), tflops(totals[2]).c_str());
+  os << "  per step: " << tflops(totals[0] + totals[1] + totals[2]) << " TFLOP\n\n";
+
+  os << "memory per rank (arena sizes):\n";
+  for (auto [role, bytes] : program.arenaBytes())
+    os << llvm::format("  %-18s %14s  %s\n", plan::roleName(role), gib(bytes).c_str(),
+                       withCommas(bytes).c_str());
+  os << llvm::format("  %-18s %14s  %s\n", "peak", gib(program.peakBytes()).c_str(),
+                     withCommas(program.peakBytes()).c_str());
+  os << "steps: " << program.steps.size() << " kernel launches, " << program.buffers.size()
+     << " buffers\n";
+}
+
+} // namespace moec::compiler

@@ -1,0 +1,41 @@
+//===- compile_report_qwen3_30b.mlir - moec compile --emit=report ---------===//
+//
+// Qwen3-30B-A3B with LoRA r=32 on q/k/v/o at 4096 tokens. The trainable count
+// is PEFT's (26.7M) worked out by hand: per layer r * (in + out) for
+// q 2048->4096, k 2048->512, v 2048->512, o 4096->2048
+//   = 32 * (6144 + 2560 + 2560 + 6144) = 557,056, times 48 layers = 26,738,688.
+// The total adds it to the 30,532,122,624 base parameters (summary_qwen3_30b.mlir).
+//
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --emit=report | FileCheck %s
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --recompute per-layer \
+// RUN:   --emit=report | FileCheck %s --check-prefix=RECOMPUTE
+//
+//===----------------------------------------------------------------------===//
+
+// CHECK: model: Qwen3MoeForCausalLM (qwen3_moe)
+// CHECK: tokens per step: 4096 (seq-len 4096 x micro-batch 1)
+// CHECK: parameters: total 30,558,861,312 (30.56B), trainable 26,738,688 (26.74M, 0.0875%)
+// CHECK: lora: alpha=64 dropout=0 r=32 targets=k_proj,o_proj,q_proj,v_proj
+// CHECK: recompute: none
+// Forward linear FLOPs, by hand: 2 * 4096 tokens * 48 layers * (attention projections
+// 2048*(4096+512+512) + 4096*2048 = 18,874,368, router 2048*128 = 262,144 counted apart)
+//   = 7,421,703,487,488 + the LM head 2 * 4096 * 2048 * 151936 = 2,549,262,090,240: 9.971 T.
+// Without recompute the frozen projections' backward is their input gradient only: 1x.
+// CHECK: kernel forward backward recompute
+// CHECK: linear 9.971 9.971 0.000
+// CHECK: total
+// The weights in bf16: 30,532,122,624 * 2 bytes (each buffer rounded up to 256 bytes).
+// CHECK: memory per rank (arena sizes):
+// CHECK-NEXT: weight 56.87 GiB
+// LoRA parameters in bf16 and their AdamW moments in f32: 2 and 8 bytes per parameter.
+// CHECK-NEXT: lora_param 0.05 GiB 53,477,376
+// CHECK-NEXT: optimizer_state 0.20 GiB 213,909,504
+// CHECK: gradient 0.05 GiB 53,477,376
+// CHECK: peak
+
+// Recomputing each layer re-runs its forward in the backward; the saved activations shrink.
+// RECOMPUTE: recompute: per-layer
+// RECOMPUTE: linear 9.971 9.971 7.422
+// RECOMPUTE: activation {{[0-9]\.[0-9]+}} GiB
