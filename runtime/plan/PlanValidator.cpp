@@ -326,6 +326,7 @@ private:
 
   void checkBuffers() {
     bufferOk.assign(rank.buffers_size(), false);
+    written.assign(rank.buffers_size(), false);
     std::set<int> rolesWithoutArena;
     for (int i = 0; i < rank.buffers_size(); ++i) {
       const Buffer &buffer = rank.buffers(i);
@@ -609,10 +610,17 @@ private:
       problems.add(at, "launch.kernel is empty, expected a kernel name");
     if (launch.flops() < 0)
       problems.add(at, "launch.flops is ", launch.flops(), ", expected >= 0");
-    for (int i = 0; i < launch.inputs_size(); ++i)
-      checkUse(s, at, "launch.inputs", i, launch.inputs(i), /*writes=*/false);
+    for (int i = 0; i < launch.inputs_size(); ++i) {
+      const Buffer *buffer = checkUse(s, at, "launch.inputs", i, launch.inputs(i), /*writes=*/false);
+      // Activations and workspace hold garbage until a step writes them.
+      bool produced = buffer && buffer->role() != ACTIVATION && buffer->role() != WORKSPACE;
+      if (buffer && !produced && !written[launch.inputs(i)])
+        problems.add(at, "launch.inputs[", i, "] reads ", bufferRef(launch.inputs(i), *buffer),
+                     " before any step writes it");
+    }
     for (int i = 0; i < launch.outputs_size(); ++i)
-      checkUse(s, at, "launch.outputs", i, launch.outputs(i), /*writes=*/true);
+      if (checkUse(s, at, "launch.outputs", i, launch.outputs(i), /*writes=*/true))
+        written[launch.outputs(i)] = true;
     for (const auto &[key, attr] : launch.attrs()) {
       if (key.empty())
         problems.add(at, "launch.attrs has an empty key");
@@ -649,8 +657,11 @@ private:
     std::vector<const Buffer *> inputs, outputs;
     for (int i = 0; i < collective.inputs_size(); ++i)
       inputs.push_back(checkUse(s, at, "collective.inputs", i, collective.inputs(i), /*writes=*/false));
-    for (int i = 0; i < collective.outputs_size(); ++i)
+    for (int i = 0; i < collective.outputs_size(); ++i) {
       outputs.push_back(checkUse(s, at, "collective.outputs", i, collective.outputs(i), /*writes=*/true));
+      if (outputs.back())
+        written[collective.outputs(i)] = true;
+    }
     if (!kindOk || groupSize == 0)
       return;
     for (size_t i = 0; i < std::min(inputs.size(), outputs.size()); ++i) {
@@ -687,6 +698,7 @@ private:
   RankSummary &summary;
   std::map<int, int> arenaOf; // role -> arena index
   std::vector<bool> bufferOk;
+  std::vector<bool> written; // by a launch so far, in step order
 };
 
 // Every member of a communicator must declare it identically and issue the

@@ -207,6 +207,12 @@ TEST_F(PlanValidatorTest, RejectsWritingAWeight) {
                                          "\"model.layers.0.self_attn.q_proj.weight\" of role weight"));
 }
 
+TEST_F(PlanValidatorTest, RejectsReadingAnActivationBeforeItIsWritten) {
+  step0(0).mutable_launch()->clear_outputs(); // the embedding no longer writes %12
+  EXPECT_THAT(messageOf(plan), HasSubstr("launch.inputs[0] reads buffer 12 "
+                                         "\"layer0.x\" before any step writes it"));
+}
+
 TEST_F(PlanValidatorTest, RejectsEmptyKernelName) {
   step0(5).mutable_launch()->clear_kernel();
   EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 5 (launch): launch.kernel is empty"));
