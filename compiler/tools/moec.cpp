@@ -91,7 +91,8 @@ int runImport(int argc, char **argv) {
   if (summary || emit == Action::Summary)
     moec::analysis::printSummary(moec::analysis::summarizeModel(theModel(*module)), output->os());
   else
-    output->os() << *module << "\n";
+    module->print(output->os());
+    output->os() << "\n"; // as moe-opt ends its output
   output->keep();
   return 0;
 }
@@ -182,7 +183,8 @@ int runCompile(int argc, char **argv) {
     auto output = mlir::openOutputFile(path, &error);
     if (!output)
       return fail(error);
-    output->os() << *module << "\n";
+    module->print(output->os());
+    output->os() << "\n"; // as moe-opt ends its output
     output->keep();
     return 0;
   }
