@@ -9,12 +9,15 @@ namespace moec::pipelines {
 
 void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOptions &options) {
   mlir::OpPassManager &model = pm.nest<moe::ModelOp>();
-  if (!options.loraTargets.empty()) {
+  if (!options.loraTargets.empty() || !options.adapterConfig.empty()) {
     passes::InjectLoRAPassOptions lora;
     lora.rank = options.loraRank;
     lora.alpha = options.loraAlpha;
     lora.dropout = options.loraDropout;
     lora.targets.assign(options.loraTargets.begin(), options.loraTargets.end());
+    lora.expertLora = options.expertLora;
+    lora.rslora = options.rslora;
+    lora.adapterConfig = options.adapterConfig;
     model.addPass(passes::createInjectLoRAPass(lora));
   }
   passes::BuildTrainingStepPassOptions step;

@@ -18,14 +18,24 @@ namespace moec::pipelines {
 struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOptions> {
   ListOption<std::string> loraTargets{
       *this, "lora-targets",
-      llvm::cl::desc("Modules to adapt (q_proj, ..., all-linear); empty = the model already "
-                     "has its trainable parameters")};
+      llvm::cl::desc("Modules to adapt (q_proj, ..., all-linear, kda:o_proj); with neither "
+                     "targets nor adapter-config the model keeps the trainable parameters it has")};
   Option<int64_t> loraRank{*this, "lora-rank", llvm::cl::desc("Adapter rank r"),
                            llvm::cl::init(8)};
   Option<double> loraAlpha{*this, "lora-alpha", llvm::cl::desc("Adapter alpha (scale alpha/r)"),
                            llvm::cl::init(16.0)};
   Option<double> loraDropout{*this, "lora-dropout", llvm::cl::desc("Adapter dropout"),
                              llvm::cl::init(0.0)};
+  Option<bool> expertLora{*this, "expert-lora",
+                          llvm::cl::desc("Also adapt routed experts' gate/up/down, one adapter per expert"),
+                          llvm::cl::init(false)};
+  Option<bool> rslora{*this, "rslora", llvm::cl::desc("Scale updates by alpha/sqrt(r) (rsLoRA)"),
+                      llvm::cl::init(false)};
+  Option<std::string> adapterConfig{
+      *this, "adapter-config",
+      llvm::cl::desc("A PEFT adapter_config.json (or its directory) whose r, lora_alpha, "
+                     "lora_dropout, target_modules and use_rslora replace the lora options"),
+      llvm::cl::init("")};
   Option<std::string> recompute{*this, "recompute",
                                 llvm::cl::desc("none or per-layer (see --moe-build-training-step)"),
                                 llvm::cl::init("none")};

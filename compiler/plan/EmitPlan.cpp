@@ -167,6 +167,7 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
       for (auto target : targets.getAsValueRange<StringAttr>())
         lora->add_target_modules(target.str());
     lora->set_expert_lora(static_cast<bool>(config.get("expert_lora")));
+    lora->set_use_rslora(static_cast<bool>(config.get("rslora")));
   }
   for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
     if (buffer.role != plan::LORA_PARAM)

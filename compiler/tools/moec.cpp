@@ -2,6 +2,7 @@
 //
 //   moec import CONFIG.json [-o model.mlir] [--emit=mlir|summary] [--strict]
 //   moec compile CONFIG.json|model.mlir [--lora-rank R --lora-alpha A --lora-targets ...]
+//        [--expert-lora] [--rslora] [--adapter DIR]
 //        [--seq-len N --micro-batch B] [--emit=plan|plan-text|mlir|report] -o OUT
 //
 // Each command declares its own options (so both can have -o and --emit)
@@ -115,6 +116,14 @@ int runCompile(int argc, char **argv) {
       "lora-targets", cl::CommaSeparated,
       cl::desc("Modules to adapt: q_proj,k_proj,... or all-linear (default: all-linear; "
                "a model.mlir that already has trainable parameters keeps them)"));
+  cl::opt<bool> expertLora("expert-lora",
+                           cl::desc("Also adapt routed experts' gate/up/down projections (one "
+                                    "adapter per expert)"));
+  cl::opt<bool> rslora("rslora", cl::desc("Scale updates by alpha/sqrt(r) (rsLoRA)"));
+  cl::opt<std::string> adapter(
+      "adapter", cl::value_desc("DIR"),
+      cl::desc("A PEFT adapter directory (or adapter_config.json): its r, lora_alpha, "
+               "lora_dropout, target_modules and use_rslora replace the --lora-* flags"));
   cl::opt<int64_t> loraRank("lora-rank", cl::desc("Adapter rank r"), cl::init(8));
   cl::opt<double> loraAlpha("lora-alpha", cl::desc("Adapter alpha (updates scale by alpha/r)"),
                             cl::init(16.0));
@@ -157,8 +166,11 @@ int runCompile(int argc, char **argv) {
   model.walk([&](moec::moe::ParamOp param) { hasTrainable |= param.getTrainable(); });
   if (!loraTargets.empty())
     options.loraTargets = loraTargets;
-  else if (!hasTrainable)
+  else if (!hasTrainable && adapter.empty())
     options.loraTargets = {"all-linear"};
+  options.adapterConfig = adapter;
+  options.expertLora = expertLora;
+  options.rslora = rslora;
   options.loraRank = loraRank;
   options.loraAlpha = loraAlpha;
   options.loraDropout = loraDropout;

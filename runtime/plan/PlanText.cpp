@@ -185,7 +185,7 @@ std::string planToText(const Plan &plan) {
     const LoraLayout &lora = plan.lora();
     absl::StrAppend(&out, "lora r=", lora.r(), " alpha=", formatDouble(lora.alpha()),
                     " dropout=", formatDouble(lora.dropout()), " expert_lora=", lora.expert_lora() ? "true" : "false",
-                    " targets=", absl::StrJoin(lora.target_modules(), ","), "\n");
+                    lora.use_rslora() ? " rslora=true" : "", " targets=", absl::StrJoin(lora.target_modules(), ","), "\n");
   } else {
     out += "lora none\n";
   }

@@ -54,3 +54,15 @@
 // IR: IR Dump After BuildTrainingStepPass
 // IR: IR Dump After PlanMemoryPass
 // IR: parameters: total
+
+// An adapter's settings (Inputs/adapter/adapter_config.json is the golden qwen3_moe one:
+// r=4, alpha=8, q/k/v/o) replace the --lora-* flags; expert LoRA adds per-expert adapters.
+// RUN: moec compile %inputs/golden_qwen3_moe.json --adapter %inputs/adapter --lora-rank 16 --seq-len 96 \
+// RUN:   --emit=plan-text | FileCheck %s --check-prefix=ADAPTER
+// ADAPTER: lora r=4 alpha=8 dropout=0 expert_lora=false targets=k_proj,o_proj,q_proj,v_proj
+// RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj,up_proj --expert-lora --rslora \
+// RUN:   --seq-len 96 --emit=plan-text | FileCheck %s --check-prefix=EXPERTS
+// EXPERTS: lora r=8 alpha=16 dropout=0 expert_lora=true rslora=true targets=q_proj,up_proj
+// EXPERTS: lora_param f32 [8,8,64] {{.*}} "base_model.model.model.layers.0.mlp.experts.{expert}.up_proj.lora_A.weight"
+// Operand positions count present operands only: tokens, counts, up, down, gate, up_lora A and B.
+// EXPERTS: bwd L1 s0 expert_mlp.backward {{.*}}grad_of_inputs=[0,5,6], {{.*}}lora_scale=5.656854
