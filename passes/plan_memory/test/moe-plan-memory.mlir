@@ -3,6 +3,8 @@
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=30KiB}))' 2>&1 | FileCheck %s --check-prefix=TOOSMALL
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{memory-cap=lots}))' 2>&1 | FileCheck %s --check-prefix=BADCAP
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-plan-memory))' 2>&1 | FileCheck %s --check-prefix=NOSTEP
+// The named pipeline moec runs gives the same plan (no lora-targets: the model keeps its adapter).
+// RUN: moe-opt %inputs/tiny_lora.mlir --moe-lora-training='seq-len=8 micro-batch=2' | FileCheck %s
 
 // Sizes by hand for 8 x 2 = 16 tokens, f32, each buffer rounded up to 256 bytes:
 //   weights: embed 32x16 (2048) + head (2048) + 2 layers x (norm 64->256, q 16x16 1024,
