@@ -5,7 +5,7 @@ packages=(
   bazel-bootstrap bazel-skylib bazel-rules-java bazel-platforms
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   libgtest-dev libgmock-dev libabsl-dev libprotobuf-dev protobuf-compiler
-  python3 g++ zlib1g-dev libzstd-dev
+  python3 g++ zlib1g-dev libzstd-dev libopenblas-dev
 )
 missing=()
 for p in "${packages[@]}"; do
