@@ -25,6 +25,9 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   step.lr = options.lr;
   step.warmupSteps = options.warmupSteps;
   step.totalSteps = options.totalSteps;
+  step.schedule = options.schedule;
+  step.weightDecay = options.weightDecay;
+  step.maxGradNorm = options.maxGradNorm;
   model.addPass(passes::createBuildTrainingStepPass(step));
   passes::PlanMemoryPassOptions memory;
   memory.seqLen = options.seqLen;

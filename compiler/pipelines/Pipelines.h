@@ -44,6 +44,13 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
                               llvm::cl::init(10)};
   Option<int64_t> totalSteps{*this, "total-steps", llvm::cl::desc("Steps of the schedule"),
                              llvm::cl::init(1000)};
+  Option<std::string> schedule{*this, "schedule", llvm::cl::desc("cosine or constant"),
+                               llvm::cl::init("cosine")};
+  Option<double> weightDecay{*this, "weight-decay", llvm::cl::desc("AdamW decoupled weight decay"),
+                             llvm::cl::init(0.0)};
+  Option<double> maxGradNorm{*this, "max-grad-norm",
+                             llvm::cl::desc("Clip the global gradient norm (0 = off)"),
+                             llvm::cl::init(1.0)};
   Option<int64_t> seqLen{*this, "seq-len", llvm::cl::desc("Tokens per sequence"),
                          llvm::cl::init(4096)};
   Option<int64_t> microBatch{*this, "micro-batch", llvm::cl::desc("Sequences per step"),

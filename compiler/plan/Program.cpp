@@ -182,6 +182,8 @@ private:
                            kernelName(&op) + "." + std::to_string(program.steps.size());
         if (op.getNumResults() > 1)
           name += "#" + std::to_string(i);
+        if (!context.backward && context.layer < 0)
+          name = forwardName(&op, name);
         int id = newBuffer(name, context.instance >= 0 ? plan::WORKSPACE : plan::ACTIVATION,
                            op.getResult(i).getType(), *shape);
         program.buffers[id].instance = context.instance;
@@ -217,7 +219,23 @@ private:
       }
       values[result] = id;
     }
+    // The forward output of each layer, by name: tools compare it with reference hidden states.
+    if (!context.backward)
+      program.buffers[values.lookup(apply.getResult(0))].name =
+          "layer_output." + std::to_string(nested.layer);
     return success();
+  }
+
+  /// Names of the model-level forward values, for tools that read them (moe-align).
+  static std::string forwardName(Operation *op, const std::string &otherwise) {
+    if (isa<moe::EmbeddingOp>(op))
+      return "embeddings";
+    if (isa<moe::RMSNormOp, moe::LayerNormOp>(op))
+      return "final_norm";
+    if (auto linear = dyn_cast<moe::LinearOp>(op))
+      if (llvm::any_of(linear->getUsers(), [](Operation *user) { return isa<moe::CrossEntropyOp>(user); }))
+        return "logits";
+    return otherwise;
   }
 
   void addStep(Operation *op, std::string kernel, std::vector<int> inputs, std::vector<int> outputs,

@@ -138,6 +138,11 @@ int runCompile(int argc, char **argv) {
   cl::opt<int64_t> warmupSteps("warmup-steps", cl::desc("Linear warmup steps"), cl::init(10));
   cl::opt<int64_t> totalSteps("total-steps", cl::desc("Steps of the cosine schedule"),
                               cl::init(1000));
+  cl::opt<std::string> schedule("schedule", cl::desc("Learning-rate schedule: cosine or constant"),
+                                cl::init("cosine"));
+  cl::opt<double> weightDecay("weight-decay", cl::desc("AdamW decoupled weight decay"), cl::init(0.0));
+  cl::opt<double> maxGradNorm("max-grad-norm", cl::desc("Clip the global gradient norm (0 = off)"),
+                              cl::init(1.0));
   cl::opt<bool> strict("strict", cl::desc("Fail on config keys the importer does not use"));
   mlir::registerPassManagerCLOptions();
   mlir::registerMLIRContextCLOptions();
@@ -178,6 +183,9 @@ int runCompile(int argc, char **argv) {
   options.lr = lr;
   options.warmupSteps = warmupSteps;
   options.totalSteps = totalSteps;
+  options.schedule = schedule;
+  options.weightDecay = weightDecay;
+  options.maxGradNorm = maxGradNorm;
   options.seqLen = seqLen;
   options.microBatch = microBatch;
   options.memoryCap = memoryCap;

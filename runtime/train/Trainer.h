@@ -1,0 +1,80 @@
+//===- Trainer.h - LoRA training on an Executor -----------------*- C++ -*-===//
+//
+// One training step = inputs in, forward and backward through the plan,
+// global-norm clipping, AdamW on every trainable tensor of the plan's LoRA
+// layout. Checkpoints hold the adapter, the AdamW moments and the step
+// counters in one safetensors file, written atomically, so a resumed run
+// takes the bit-identical next step.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef RUNTIME_TRAIN_TRAINER_H_
+#define RUNTIME_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/exec/Executor.h"
+
+namespace moec::runtime {
+
+struct Batch {
+  std::vector<int64_t> ids, positions, labels; // one per token, micro_batch x seq_len
+};
+
+struct StepStats {
+  int64_t step = 0; // optimizer steps taken, after this one
+  float loss = 0;
+  double lr = 0, gradNorm = 0;
+  /// Tokens routed to each expert, per MoE layer (forward of this step).
+  std::map<int, std::vector<int64_t>> expertLoad;
+};
+
+class Trainer {
+public:
+  explicit Trainer(Executor &executor);
+
+  /// PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
+  /// a = sqrt(5)), B = 0, from `seed` and each tensor's name.
+  void initAdapter(uint64_t seed);
+  /// Sets the adapter tensors from `tensors` (PEFT name -> f32 values, stacked for
+  /// `{expert}` names); every plan tensor must be there with its size.
+  absl::Status setAdapter(const std::map<std::string, std::vector<float>> &tensors);
+  /// The adapter as PEFT name -> f32 values (stacked for `{expert}` names).
+  std::map<std::string, std::vector<float>> adapter() const;
+  std::map<std::string, std::vector<float>> gradients() const;
+
+  /// Forward and backward for `batch`; gradients are left in the plan's buffers.
+  absl::StatusOr<float> forwardBackward(const Batch &batch);
+  /// Clipping and AdamW with the schedule's learning rate; counts the step.
+  StepStats optimizerStep();
+  /// forwardBackward, then optimizerStep.
+  absl::StatusOr<StepStats> trainStep(const Batch &batch);
+
+  /// Writes params, moments, step and `extra` metadata to `path` (temp file + fsync + rename).
+  absl::Status saveCheckpoint(const std::string &path, const std::map<std::string, std::string> &extra) const;
+  /// Restores what saveCheckpoint wrote; `extra` receives its metadata.
+  absl::Status loadCheckpoint(const std::string &path, std::map<std::string, std::string> &extra);
+
+  int64_t step() const { return steps; }
+
+private:
+  struct Tensor {
+    std::string name;
+    uint32_t param, grad, m, v;
+  };
+  float *data(uint32_t buffer) const;
+  int64_t numel(uint32_t buffer) const;
+
+  Executor &executor;
+  std::vector<Tensor> tensors;
+  int64_t steps = 0;
+  float lastLoss = 0;
+  std::map<int, std::vector<int64_t>> lastLoad;
+};
+
+} // namespace moec::runtime
+
+#endif // RUNTIME_TRAIN_TRAINER_H_
