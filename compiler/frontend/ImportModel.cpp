@@ -262,7 +262,7 @@ private:
     Value norm = param(m + "norm.weight", {inner});
     Value o = b.create<Mamba2Op>(loc, act(inner), zxbcdt, conv, convBias, dtBias, aLog, dSkip, norm,
                                  i64(s.numHeads), i64(s.headDim), i64(s.stateSize), i64(s.numGroups),
-                                 i64(s.chunkSize), f64(spec.normEps));
+                                 i64(s.chunkSize), f64(spec.normEps), f64(s.timeStepMin));
     return linear(o, m + "out_proj", spec.hiddenSize, s.projBias);
   }
 

@@ -95,7 +95,8 @@ const std::vector<Convention> &conventions() {
          s.names.moduleRenames = {{".self_attn.f_a_proj", ".self_attn.forget_gate.f_a_proj"},
                                   {".self_attn.f_b_proj", ".self_attn.forget_gate.f_b_proj"}};
        }},
-      {"nemotron_h", R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "mlp_hidden_act": "relu2"})",
+      {"nemotron_h",
+       R"({"scoring_func": "sigmoid", "topk_method": "noaux_tc", "mlp_hidden_act": "relu2", "time_step_min": 0.001})",
        [](ModelSpec &s) {
          s.names.embed = "backbone.embeddings.weight";
          s.names.finalNorm = "backbone.norm_f.weight";
@@ -596,6 +597,7 @@ Expected<ModelSpec> readModelSpec(ConfigReader &config) {
     m.chunkSize = config.optInt({"chunk_size"}).value_or(256);
     m.convBias = config.optBool({"use_conv_bias"}).value_or(true);
     m.projBias = config.optBool({"mamba_proj_bias", "use_bias"}).value_or(false);
+    m.timeStepMin = config.optDouble({"time_step_min"}).value_or(0.0);
     config.markRead({"expand", "use_bias"});
     if (m.numGroups <= 0 || m.numHeads % m.numGroups != 0)
       config.fail("n_groups", formatv("must divide mamba_num_heads ({0}), got {1}", m.numHeads, m.numGroups).str());

@@ -69,6 +69,7 @@ struct KDASpec {
 struct Mamba2Spec {
   int64_t numHeads = 0, headDim = 0, stateSize = 0, numGroups = 1, convKernel = 4, chunkSize = 256;
   bool convBias = true, projBias = false;
+  double timeStepMin = 0.0; // transformers' torch_forward clamps dt from below at this
 };
 
 struct MoESpec {

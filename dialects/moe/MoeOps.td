@@ -453,7 +453,8 @@ def Moe_Mamba2Op : Moe_ComputeOp<"mamba2"> {
   let description = [{
     `zxbcdt: [T, 2*H*p + 2*G*N + H]` splits into the gate `z`, the conv
     input `xBC` (causal depthwise conv `conv_weight: [H*p + 2*G*N, 1, K]`,
-    optional bias, SiLU) and `dt`; `dt = softplus(dt + dt_bias)`,
+    optional bias, SiLU) and `dt`; `dt = max(softplus(dt + dt_bias),
+    time_step_min)` (transformers' torch path clamps; 0 = no clamp),
     `A = -exp(A_log)`; the chunked SSD scan with skip `D`; a gated RMSNorm
     over groups of `H*p/G` (`norm_weight: [H*p]`). Output `[T, H*p]`,
     before `out_proj`.
@@ -461,7 +462,8 @@ def Moe_Mamba2Op : Moe_ComputeOp<"mamba2"> {
   let arguments = (ins Moe_Tensor:$zxbcdt, Moe_Tensor:$conv_weight, Optional<Moe_Tensor>:$conv_bias,
                    Moe_Tensor:$dt_bias, Moe_Tensor:$a_log, Moe_Tensor:$d_skip, Moe_Tensor:$norm_weight,
                    I64Attr:$num_heads, I64Attr:$head_dim, I64Attr:$state_size, I64Attr:$num_groups,
-                   I64Attr:$chunk_size, F64Attr:$eps);
+                   I64Attr:$chunk_size, F64Attr:$eps,
+                   DefaultValuedAttr<F64Attr, "0.0">:$time_step_min);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = [{
     $zxbcdt `,` $conv_weight (`conv_bias` $conv_bias^)? `,` $dt_bias `,` $a_log `,` $d_skip `,` $norm_weight
