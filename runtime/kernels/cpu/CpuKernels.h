@@ -26,6 +26,9 @@ void registerLinearAttentionKernels(KernelRegistry &registry);
 /// mamba2 (mamba/).
 void registerMambaKernels(KernelRegistry &registry);
 
+/// Every family above: the CPU backend.
+void registerCpuKernels(KernelRegistry &registry);
+
 } // namespace moec::runtime::cpu
 
 #endif // RUNTIME_KERNELS_CPU_CPUKERNELS_H_

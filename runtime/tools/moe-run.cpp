@@ -1,0 +1,441 @@
+//===- moe-run.cpp - the MoEC runtime driver -------------------------------===//
+//
+//   moe-run train --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]
+//                 [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]
+//   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
+//   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
+//
+// Runs plans that `moec compile` wrote, on the CPU backend. Never links MLIR:
+// `init` without --plan asks moec (next to this binary, or $MOEC) for one.
+//
+//===----------------------------------------------------------------------===//
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/data/DataLoader.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/init/RandomModel.h"
+#include "runtime/kernels/cpu/CpuKernels.h"
+#include "runtime/kernels/cpu/Gemm.h"
+#include "runtime/peft/Adapter.h"
+#include "runtime/plan/PlanIO.h"
+#include "runtime/train/Trainer.h"
+#include "runtime/weights/Checkpoint.h"
+
+namespace fs = std::filesystem;
+using namespace moec::runtime;
+
+namespace {
+
+std::atomic<bool> interrupted{false};
+
+/// Minimal flag parsing: --name value, --name=value, --flag.
+class Args {
+public:
+  Args(int argc, char **argv, int first) {
+    for (int i = first; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg.rfind("--", 0) != 0 && arg != "-o") {
+        positional.push_back(arg);
+        continue;
+      }
+      std::string name = arg == "-o" ? "o" : arg.substr(2), value;
+      if (size_t eq = name.find('='); eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+        value = argv[++i];
+      } else {
+        value = "true";
+      }
+      values[name] = value;
+    }
+  }
+  std::string get(const std::string &name, const std::string &otherwise = "") {
+    used.insert(name);
+    auto it = values.find(name);
+    return it == values.end() ? otherwise : it->second;
+  }
+  bool has(const std::string &name) {
+    used.insert(name);
+    return values.count(name) > 0;
+  }
+  /// A non-negative integer flag; errors name the flag.
+  bool integer(const std::string &name, int64_t otherwise, int64_t &out, std::string &error) {
+    std::string text = get(name);
+    if (text.empty()) {
+      out = otherwise;
+      return true;
+    }
+    char *end = nullptr;
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (*end != '\0' || v < 0) {
+      error = "--" + name + " expects a non-negative integer, got '" + text + "'";
+      return false;
+    }
+    out = v;
+    return true;
+  }
+  /// Flags given but never asked for: typos.
+  std::vector<std::string> unknown() const {
+    std::vector<std::string> out;
+    for (const auto &[name, value] : values)
+      if (!used.count(name))
+        out.push_back("--" + name);
+    return out;
+  }
+  std::vector<std::string> positional;
+
+private:
+  std::map<std::string, std::string> values;
+  std::set<std::string> used;
+};
+
+int fail(const std::string &message) {
+  std::cerr << "moe-run: error: " << message << "\n";
+  return 1;
+}
+
+std::string formatDuration(double seconds) {
+  int s = static_cast<int>(seconds + 0.5);
+  if (s >= 3600)
+    return absl::StrCat(s / 3600, "h", (s % 3600) / 60, "m");
+  if (s >= 60)
+    return absl::StrCat(s / 60, "m", s % 60, "s");
+  return absl::StrCat(s, "s");
+}
+
+/// The vocabulary size: the rows of the embedding table the plan reads.
+int64_t vocabularySize(const moec::plan::Plan &plan) {
+  const moec::plan::Rank &rank = plan.ranks(0);
+  for (const moec::plan::Step &step : rank.steps())
+    if (step.has_launch() && step.launch().kernel() == "embedding" && step.launch().inputs_size() == 2)
+      return rank.buffers(static_cast<int>(step.launch().inputs(1))).shape(0);
+  return 0;
+}
+
+/// Everything a run needs: the plan, the kernels, the executor with weights bound.
+struct Session {
+  moec::plan::Plan plan;
+  KernelRegistry kernels;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<Trainer> trainer;
+};
+
+absl::Status openSession(Args &args, Session &session) {
+  std::string planPath = args.get("plan"), modelDir = args.get("model");
+  if (planPath.empty() || modelDir.empty())
+    return absl::InvalidArgumentError("--plan PLAN and --model DIR are required");
+  absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(planPath);
+  if (!plan.ok())
+    return plan.status();
+  session.plan = std::move(*plan);
+  cpu::registerCpuKernels(session.kernels);
+  int64_t threads = 0;
+  std::string error;
+  if (!args.integer("threads", 0, threads, error))
+    return absl::InvalidArgumentError(error);
+  session.pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
+  cpu::setGemmThreads(1); // our pool parallelises around the GEMMs
+  absl::StatusOr<std::unique_ptr<Executor>> executor =
+      Executor::create(session.plan, 0, session.kernels, session.pool.get());
+  if (!executor.ok())
+    return absl::Status(executor.status().code(), absl::StrCat(planPath, ": ", executor.status().message()));
+  session.executor = std::move(*executor);
+  absl::StatusOr<std::unique_ptr<weights::Checkpoint>> checkpoint = weights::Checkpoint::open(modelDir);
+  if (!checkpoint.ok())
+    return checkpoint.status();
+  if (absl::Status bound = session.executor->bindWeights(**checkpoint); !bound.ok())
+    return bound;
+  session.trainer = std::make_unique<Trainer>(*session.executor);
+  return absl::OkStatus();
+}
+
+/// The adapter in `dir`, checked against the plan's LoRA tensors.
+absl::Status loadAdapter(const std::string &dir, Session &session) {
+  std::map<std::string, std::vector<int64_t>> expected;
+  const moec::plan::Rank &rank = session.plan.ranks(0);
+  for (const moec::plan::LoraTensor &t : session.plan.lora().tensors()) {
+    const auto &shape = rank.buffers(static_cast<int>(t.param())).shape();
+    expected[t.peft_name()] = std::vector<int64_t>(shape.begin(), shape.end());
+  }
+  peft::ImportOptions options;
+  options.expectedShapes = expected;
+  absl::StatusOr<peft::Adapter> adapter = peft::importAdapter(dir, options);
+  if (!adapter.ok())
+    return adapter.status();
+  std::map<std::string, std::vector<float>> values;
+  for (const auto &[name, shape] : expected) {
+    if (name.find("{expert}") == std::string::npos) {
+      values[name] = adapter->tensors.at(name).data;
+      continue;
+    }
+    absl::StatusOr<peft::AdapterTensor> stacked = adapter->readStacked(name, shape[0]);
+    if (!stacked.ok())
+      return stacked.status();
+    values[name] = stacked->data;
+  }
+  return session.trainer->setAdapter(values);
+}
+
+absl::Status exportAdapter(const std::string &dir, Session &session) {
+  const moec::plan::LoraLayout &lora = session.plan.lora();
+  peft::AdapterSpec spec;
+  spec.r = lora.r();
+  spec.loraAlpha = lora.alpha();
+  spec.loraDropout = lora.dropout();
+  spec.targetModules.assign(lora.target_modules().begin(), lora.target_modules().end());
+  spec.useRslora = lora.use_rslora();
+  spec.taskType = "CAUSAL_LM";
+  std::vector<peft::NamedTensor> tensors;
+  const moec::plan::Rank &rank = session.plan.ranks(0);
+  std::map<std::string, std::vector<float>> values = session.trainer->adapter();
+  for (const moec::plan::LoraTensor &t : lora.tensors()) {
+    const auto &shape = rank.buffers(static_cast<int>(t.param())).shape();
+    tensors.push_back({t.peft_name(), std::vector<int64_t>(shape.begin(), shape.end()), values[t.peft_name()]});
+  }
+  return peft::exportAdapter(dir, spec, tensors);
+}
+
+void onSignal(int) { interrupted = true; }
+
+int runTrain(Args &args) {
+  Session session;
+  if (absl::Status s = openSession(args, session); !s.ok())
+    return fail(std::string(s.message()));
+  std::string dataPath = args.get("data"), out = args.get("out", "moe-run-out");
+  if (dataPath.empty())
+    return fail("--data FILE is required (JSON Lines or a MOETOKS1 token file)");
+  int64_t steps = 0, checkpointEvery = 0, logEvery = 0, seed = 0;
+  std::string error;
+  if (!args.integer("steps", session.plan.optimizer().total_steps(), steps, error) ||
+      !args.integer("checkpoint-every", 100, checkpointEvery, error) ||
+      !args.integer("log-every", 10, logEvery, error) || !args.integer("seed", 0, seed, error))
+    return fail(error);
+  bool resume = args.has("resume");
+  std::string adapterDir = args.get("adapter");
+  if (auto unknown = args.unknown(); !unknown.empty())
+    return fail("unknown flag(s): " + absl::StrJoin(unknown, ", "));
+
+  absl::StatusOr<std::unique_ptr<data::Dataset>> dataset =
+      data::Dataset::open(dataPath, vocabularySize(session.plan));
+  if (!dataset.ok())
+    return fail(std::string(dataset.status().message()));
+  data::LoaderOptions loaderOptions;
+  loaderOptions.microBatch = session.plan.micro_batch();
+  loaderOptions.seqLen = session.plan.seq_len();
+  loaderOptions.shuffle = true;
+  loaderOptions.seed = static_cast<uint64_t>(seed);
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
+      data::DataLoader::create(std::shared_ptr<const data::Dataset>(std::move(*dataset)), loaderOptions);
+  if (!loader.ok())
+    return fail(std::string(loader.status().message()));
+
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec)
+    return fail("cannot create " + out + ": " + ec.message());
+  std::string checkpointPath = out + "/checkpoint.safetensors";
+  if (resume && fs::exists(checkpointPath)) {
+    std::map<std::string, std::string> extra;
+    if (absl::Status s = session.trainer->loadCheckpoint(checkpointPath, extra); !s.ok())
+      return fail(std::string(s.message()));
+    absl::StatusOr<data::LoaderState> state = data::LoaderState::parse(extra["data_state"]);
+    if (!state.ok())
+      return fail(checkpointPath + ": " + std::string(state.status().message()));
+    if (absl::Status s = (*loader)->restore(*state); !s.ok())
+      return fail(checkpointPath + ": " + std::string(s.message()));
+    std::cerr << "moe-run: resumed from " << checkpointPath << " at step " << session.trainer->step() << "\n";
+  } else if (!adapterDir.empty()) {
+    if (absl::Status s = loadAdapter(adapterDir, session); !s.ok())
+      return fail(std::string(s.message()));
+  } else {
+    session.trainer->initAdapter(static_cast<uint64_t>(seed));
+  }
+  auto save = [&]() -> absl::Status {
+    return session.trainer->saveCheckpoint(checkpointPath, {{"data_state", (*loader)->state().toString()}});
+  };
+
+  std::ofstream metrics(out + "/metrics.jsonl", std::ios::app);
+  std::signal(SIGINT, onSignal);
+  std::signal(SIGTERM, onSignal);
+  int64_t tokensPerStep = session.plan.seq_len() * session.plan.micro_batch();
+  auto start = std::chrono::steady_clock::now();
+  int64_t first = session.trainer->step();
+  while (session.trainer->step() < steps && !interrupted) {
+    data::Batch batch = (*loader)->next();
+    absl::StatusOr<StepStats> stats =
+        session.trainer->trainStep({batch.inputIds, batch.positions, batch.labels});
+    if (!stats.ok()) {
+      std::cerr << "moe-run: error: " << stats.status().message() << "\n";
+      (void)save();
+      return 1;
+    }
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    int64_t done = stats->step - first;
+    double tokensPerSecond = done * tokensPerStep / std::max(elapsed, 1e-9);
+    // Expert load per MoE layer and its imbalance (max / mean).
+    std::string load;
+    for (const auto &[layer, counts] : stats->expertLoad) {
+      int64_t total = 0, most = 0;
+      for (int64_t c : counts) {
+        total += c;
+        most = std::max(most, c);
+      }
+      double imbalance = total ? most * static_cast<double>(counts.size()) / total : 0;
+      absl::StrAppend(&load, load.empty() ? "" : ",", "\"", layer, "\":{\"tokens\":[", absl::StrJoin(counts, ","),
+                      "],\"imbalance\":", imbalance, "}");
+    }
+    metrics << "{\"step\":" << stats->step << ",\"loss\":" << stats->loss << ",\"lr\":" << stats->lr
+            << ",\"grad_norm\":" << stats->gradNorm << ",\"tokens_per_s\":" << tokensPerSecond
+            << ",\"expert_load\":{" << load << "}}\n";
+    if (stats->step % std::max<int64_t>(logEvery, 1) == 0 || stats->step == steps) {
+      double eta = (steps - stats->step) * elapsed / std::max<int64_t>(done, 1);
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  eta %s\n",
+                   static_cast<long long>(stats->step), static_cast<long long>(steps), stats->loss, stats->lr,
+                   stats->gradNorm, tokensPerSecond, formatDuration(eta).c_str());
+    }
+    if (checkpointEvery > 0 && stats->step % checkpointEvery == 0)
+      if (absl::Status s = save(); !s.ok())
+        return fail(std::string(s.message()));
+  }
+  metrics.flush();
+  if (absl::Status s = save(); !s.ok())
+    return fail(std::string(s.message()));
+  if (interrupted) {
+    std::cerr << "moe-run: interrupted at step " << session.trainer->step() << "; checkpoint in "
+              << checkpointPath << " (continue with --resume)\n";
+    return 130;
+  }
+  if (absl::Status s = exportAdapter(out + "/adapter", session); !s.ok())
+    return fail(std::string(s.message()));
+  std::cerr << "moe-run: trained " << session.trainer->step() << " steps\n"
+            << "  adapter (PEFT):  " << out << "/adapter\n"
+            << "  checkpoint:      " << checkpointPath << "\n"
+            << "  metrics:         " << out << "/metrics.jsonl\n";
+  return 0;
+}
+
+int runForward(Args &args) {
+  Session session;
+  if (absl::Status s = openSession(args, session); !s.ok())
+    return fail(std::string(s.message()));
+  std::string dataPath = args.get("data"), adapterDir = args.get("adapter");
+  int64_t batches = 0;
+  std::string error;
+  if (!args.integer("batches", 1, batches, error))
+    return fail(error);
+  if (auto unknown = args.unknown(); !unknown.empty())
+    return fail("unknown flag(s): " + absl::StrJoin(unknown, ", "));
+  if (dataPath.empty())
+    return fail("--data FILE is required");
+  if (!adapterDir.empty()) {
+    if (absl::Status s = loadAdapter(adapterDir, session); !s.ok())
+      return fail(std::string(s.message()));
+  } else {
+    session.trainer->initAdapter(0); // B = 0: the base model
+  }
+  absl::StatusOr<std::unique_ptr<data::Dataset>> dataset =
+      data::Dataset::open(dataPath, vocabularySize(session.plan));
+  if (!dataset.ok())
+    return fail(std::string(dataset.status().message()));
+  data::LoaderOptions options;
+  options.microBatch = session.plan.micro_batch();
+  options.seqLen = session.plan.seq_len();
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
+      data::DataLoader::create(std::shared_ptr<const data::Dataset>(std::move(*dataset)), options);
+  if (!loader.ok())
+    return fail(std::string(loader.status().message()));
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    data::Batch batch = (*loader)->next();
+    absl::StatusOr<float> loss = session.trainer->forwardBackward({batch.inputIds, batch.positions, batch.labels});
+    if (!loss.ok())
+      return fail(std::string(loss.status().message()));
+    sum += *loss;
+  }
+  std::printf("mean loss over %lld batch(es): %.6f\n", static_cast<long long>(batches), sum / batches);
+  return 0;
+}
+
+/// moec: $MOEC, else beside this binary (bazel-bin/runtime/tools -> bazel-bin/compiler/tools), else PATH.
+std::string findMoec(const char *argv0) {
+  if (const char *env = std::getenv("MOEC"))
+    return env;
+  std::error_code ec;
+  fs::path self = fs::canonical("/proc/self/exe", ec);
+  for (fs::path candidate : {self.parent_path() / "moec", self.parent_path() / "../../compiler/tools/moec"})
+    if (!ec && fs::exists(candidate))
+      return candidate.string();
+  return "moec";
+}
+
+int runInit(Args &args, const char *argv0) {
+  if (args.positional.size() != 1)
+    return fail("usage: moe-run init CONFIG.json [--seed S] -o DIR [--plan PLAN]");
+  std::string config = args.positional[0], out = args.get("o"), planPath = args.get("plan");
+  int64_t seed = 0;
+  std::string error;
+  if (!args.integer("seed", 0, seed, error))
+    return fail(error);
+  if (out.empty())
+    return fail("-o DIR is required");
+  if (auto unknown = args.unknown(); !unknown.empty())
+    return fail("unknown flag(s): " + absl::StrJoin(unknown, ", "));
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec)
+    return fail("cannot create " + out + ": " + ec.message());
+  if (planPath.empty()) {
+    // The plan lists every checkpoint tensor with its shape; moec knows how to make one.
+    planPath = out + "/.init.moeplan";
+    std::string command = findMoec(argv0) + " compile '" + config + "' --seq-len 8 -o '" + planPath + "' 2>&1";
+    if (std::system(command.c_str()) != 0)
+      return fail("'" + command + "' failed; give --plan or set $MOEC");
+  }
+  absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(planPath);
+  if (!plan.ok())
+    return fail(std::string(plan.status().message()));
+  if (absl::Status s = init::writeRandomModel(*plan, config, static_cast<uint64_t>(seed), out); !s.ok())
+    return fail(std::string(s.message()));
+  if (planPath == out + "/.init.moeplan")
+    fs::remove(planPath, ec);
+  std::cerr << "moe-run: wrote a random model (seed " << seed << ") to " << out << "\n";
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string command = argc > 1 ? argv[1] : "";
+  Args args(argc, argv, 2);
+  if (command == "train")
+    return runTrain(args);
+  if (command == "forward")
+    return runForward(args);
+  if (command == "init")
+    return runInit(args, argv[0]);
+  std::cerr << "usage: moe-run <command> [options]\n"
+               "  train    --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
+               "           [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]\n"
+               "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
+               "  init     CONFIG.json [--seed S] -o DIR [--plan P]\n";
+  if (command.empty() || command == "--help" || command == "-h")
+    return command.empty() ? 1 : 0;
+  return fail("unknown command '" + command + "'");
+}
