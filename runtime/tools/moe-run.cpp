@@ -304,7 +304,7 @@ int runTrain(Args &args) {
     metrics << "{\"step\":" << stats->step << ",\"loss\":" << stats->loss << ",\"lr\":" << stats->lr
             << ",\"grad_norm\":" << stats->gradNorm << ",\"tokens_per_s\":" << tokensPerSecond
             << ",\"expert_load\":{" << load << "}}\n";
-    if (stats->step % std::max<int64_t>(logEvery, 1) == 0 || stats->step == steps) {
+    if (stats->step == first + 1 || stats->step % std::max<int64_t>(logEvery, 1) == 0 || stats->step == steps) {
       double eta = (steps - stats->step) * elapsed / std::max<int64_t>(done, 1);
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  eta %s\n",
                    static_cast<long long>(stats->step), static_cast<long long>(steps), stats->loss, stats->lr,
