@@ -19,6 +19,11 @@
 // throwing KernelError through ctx.fail(); the executor turns it into an
 // error naming the step.
 //
+// CUDA kernels get the same context with device pointers in the tensors and
+// the stream to launch on; they check shapes and attributes on the host,
+// enqueue their work on `stream` and return without synchronising. Float
+// tensors are F32 or BF16 (storage; arithmetic in f32) as the plan says.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef RUNTIME_KERNELS_KERNEL_H_
@@ -63,6 +68,7 @@ struct KernelContext {
   const google::protobuf::Map<std::string, plan::Attr> *attrs = nullptr;
   int64_t seqLen = 0, microBatch = 0; // rows [b*seqLen, (b+1)*seqLen) are sequence b
   ThreadPool *pool = nullptr;
+  void *stream = nullptr; // cudaStream_t for CUDA kernels; unused on the CPU
 
   const TensorRef &in(size_t i) const;
   const TensorRef &out(size_t i) const;

@@ -63,6 +63,7 @@ public:
   /// Zeroes the outputs, then runs the kernel (KernelError on a bad launch).
   void run();
   OwnedTensor &result(size_t i) { return outputs.at(i); }
+  size_t numOutputs() const { return outputs.size(); }
   std::vector<OwnedTensor> &inputsRef() { return inputs; }
   const std::string &kernelName() const { return kernel; }
   const google::protobuf::Map<std::string, plan::Attr> &attributes() const { return attrs; }
