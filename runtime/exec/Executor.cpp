@@ -1,14 +1,16 @@
-//===- Executor.cpp - runs one rank of a plan on a backend ----------------===//
+//===- Executor.cpp - runs one rank of a plan on a device -----------------===//
 
 #include "runtime/exec/Executor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/plan/PlanFormat.h"
 #include "runtime/plan/PlanValidator.h"
+#include "runtime/weights/DType.h"
 
 namespace moec::runtime {
 
@@ -42,9 +44,7 @@ std::string stepName(int index, const plan::Step &step) {
 
 } // namespace
 
-absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &plan, int rank,
-                                                           const KernelRegistry &kernels,
-                                                           ThreadPool *pool) {
+absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &plan, int rank, Device &device) {
   if (absl::Status valid = plan::validatePlan(plan); !valid.ok())
     return valid;
   if (rank < 0 || rank >= plan.ranks_size())
@@ -53,7 +53,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &pla
   std::unique_ptr<Executor> executor(new Executor());
   executor->plan = &plan;
   executor->rankProto = &plan.ranks(rank);
-  executor->pool = pool;
+  executor->dev = &device;
+  const char *sync = std::getenv("MOEC_SYNC_STEPS");
+  executor->syncEachStep = sync && std::string(sync) == "1";
   const plan::Rank &r = plan.ranks(rank);
 
   std::vector<std::string> missing;
@@ -64,20 +66,35 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &pla
       executor->stepKernels.push_back(nullptr);
       continue;
     }
-    const KernelFn *fn = kernels.find(step.launch().kernel());
+    const KernelFn *fn = device.kernels().find(step.launch().kernel());
     if (!fn && std::find(missing.begin(), missing.end(), step.launch().kernel()) == missing.end())
       missing.push_back(step.launch().kernel());
     executor->stepKernels.push_back(fn);
   }
   if (!missing.empty())
-    return absl::UnimplementedError(
-        absl::StrCat("the backend has no kernel for: ", absl::StrJoin(missing, ", ")));
+    return absl::UnimplementedError(absl::StrCat("the ", device.name(), " backend has no kernel for: ",
+                                                 absl::StrJoin(missing, ", ")));
 
-  for (const plan::Arena &arena : r.arenas())
-    executor->arenas[arena.role()].assign(static_cast<size_t>(arena.size_bytes()), 0);
+  for (const plan::Arena &arena : r.arenas()) {
+    absl::StatusOr<void *> memory = device.allocate(static_cast<size_t>(arena.size_bytes()));
+    if (!memory.ok())
+      return absl::Status(memory.status().code(),
+                          absl::StrCat("allocating the ", plan::roleName(arena.role()), " arena (",
+                                       arena.size_bytes(), " bytes) on ", device.name(), ": ",
+                                       memory.status().message()));
+    executor->arenas[arena.role()] = *memory;
+  }
   for (const plan::Buffer &buffer : r.buffers())
     executor->byName.emplace(buffer.name(), buffer.id());
   return executor;
+}
+
+Executor::~Executor() {
+  if (!dev)
+    return;
+  (void)dev->synchronize();
+  for (auto &[role, memory] : arenas)
+    dev->release(memory);
 }
 
 TensorRef Executor::buffer(uint32_t id) const {
@@ -85,10 +102,38 @@ TensorRef Executor::buffer(uint32_t id) const {
   TensorRef ref;
   ref.dtype = b.dtype();
   ref.shape.assign(b.shape().begin(), b.shape().end());
-  // Arenas are never resized after create(), so the pointer stays valid.
-  auto &arena = const_cast<std::vector<uint8_t> &>(arenas.at(b.role()));
-  ref.data = arena.data() + b.offset();
+  ref.data = static_cast<uint8_t *>(arenas.at(b.role())) + b.offset();
   return ref;
+}
+
+absl::StatusOr<std::vector<float>> Executor::readFloats(uint32_t id) {
+  const plan::Buffer &b = rankProto->buffers(static_cast<int>(id));
+  std::optional<weights::DType> dtype = weightsDType(b.dtype());
+  if (!dtype)
+    return absl::InvalidArgumentError(absl::StrCat("buffer '", b.name(), "' has no float dtype"));
+  std::vector<uint8_t> bytes(static_cast<size_t>(b.size_bytes()));
+  if (absl::Status s = dev->download(bytes.data(), buffer(id).data, bytes.size()); !s.ok())
+    return s;
+  std::vector<float> values(static_cast<size_t>(buffer(id).numel()));
+  if (absl::Status s = weights::convertElements(bytes.data(), *dtype, values.data(), weights::DType::F32,
+                                                values.size());
+      !s.ok())
+    return s;
+  return values;
+}
+
+absl::Status Executor::writeFloats(uint32_t id, const std::vector<float> &values) {
+  const plan::Buffer &b = rankProto->buffers(static_cast<int>(id));
+  std::optional<weights::DType> dtype = weightsDType(b.dtype());
+  if (!dtype || values.size() != static_cast<size_t>(buffer(id).numel()))
+    return absl::InvalidArgumentError(absl::StrCat("cannot write ", values.size(), " floats into buffer '",
+                                                   b.name(), "'"));
+  std::vector<uint8_t> bytes(static_cast<size_t>(b.size_bytes()));
+  if (absl::Status s = weights::convertElements(values.data(), weights::DType::F32, bytes.data(), *dtype,
+                                                values.size());
+      !s.ok())
+    return s;
+  return dev->upload(buffer(id).data, bytes.data(), bytes.size());
 }
 
 std::optional<uint32_t> Executor::findBuffer(const std::string &name) const {
@@ -99,12 +144,13 @@ std::optional<uint32_t> Executor::findBuffer(const std::string &name) const {
 }
 
 absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
+  std::vector<uint8_t> staging;
   for (const plan::WeightBinding &binding : rankProto->weights()) {
     const plan::Buffer &b = rankProto->buffers(static_cast<int>(binding.buffer()));
     std::optional<weights::DType> dtype = weightsDType(b.dtype());
     if (!dtype)
       return absl::InvalidArgumentError(absl::StrCat("buffer '", b.name(), "' has an unsupported dtype"));
-    TensorRef dst = buffer(binding.buffer());
+    staging.resize(static_cast<size_t>(b.size_bytes()));
     weights::Slice slice;
     for (const plan::Slice::Range &range : binding.slice().dims()) {
       slice.start.push_back(range.start());
@@ -114,18 +160,20 @@ absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
     std::vector<int64_t> shape(b.shape().begin(), b.shape().end());
     if (binding.tensor().find("{expert}") != std::string::npos) {
       std::vector<int64_t> expertShape(shape.begin() + 1, shape.end());
-      status = checkpoint.readExperts(binding.tensor(), binding.first_expert(), shape[0], slice,
-                                      expertShape, *dtype, dst.data, b.size_bytes());
+      status = checkpoint.readExperts(binding.tensor(), binding.first_expert(), shape[0], slice, expertShape,
+                                      *dtype, staging.data(), staging.size());
     } else if (!slice.start.empty()) {
-      status = checkpoint.readSlice(binding.tensor(), slice, *dtype, dst.data, b.size_bytes());
+      status = checkpoint.readSlice(binding.tensor(), slice, *dtype, staging.data(), staging.size());
     } else {
-      status = checkpoint.readInto(binding.tensor(), shape, *dtype, dst.data, b.size_bytes());
+      status = checkpoint.readInto(binding.tensor(), shape, *dtype, staging.data(), staging.size());
     }
+    if (status.ok())
+      status = dev->upload(buffer(binding.buffer()).data, staging.data(), staging.size());
     if (!status.ok())
       return absl::Status(status.code(), absl::StrCat("binding weight '", binding.tensor(), "' from ",
                                                       checkpoint.path(), ": ", status.message()));
   }
-  return absl::OkStatus();
+  return dev->synchronize();
 }
 
 absl::Status Executor::setInputs(const std::vector<int64_t> &ids, const std::vector<int64_t> &positions,
@@ -140,15 +188,17 @@ absl::Status Executor::setInputs(const std::vector<int64_t> &ids, const std::vec
     if (dst.dtype != plan::I64 || dst.numel() != static_cast<int64_t>(values->size()))
       return absl::InvalidArgumentError(absl::StrCat("input '", name, "' takes ", dst.numel(),
                                                      " int64 tokens, got ", values->size()));
-    std::memcpy(dst.data, values->data(), values->size() * sizeof(int64_t));
+    if (absl::Status s = dev->upload(dst.data, values->data(), values->size() * sizeof(int64_t)); !s.ok())
+      return s;
   }
   return absl::OkStatus();
 }
 
-void Executor::zeroGradients() {
-  auto it = arenas.find(plan::GRADIENT);
-  if (it != arenas.end())
-    std::fill(it->second.begin(), it->second.end(), 0);
+absl::Status Executor::zeroGradients() {
+  for (const plan::Arena &arena : rankProto->arenas())
+    if (arena.role() == plan::GRADIENT)
+      return dev->zero(arenas.at(plan::GRADIENT), static_cast<size_t>(arena.size_bytes()));
+  return absl::OkStatus();
 }
 
 absl::Status Executor::run(const std::function<void(int)> &afterStep) {
@@ -161,7 +211,8 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
       ctx.attrs = &launch.attrs();
       ctx.seqLen = plan->seq_len();
       ctx.microBatch = plan->micro_batch();
-      ctx.pool = pool;
+      ctx.pool = dev->pool();
+      ctx.stream = dev->stream();
       for (uint32_t id : launch.inputs())
         ctx.inputs.push_back(buffer(id));
       // Outputs reuse memory: kernels write into zeroes, except accumulate_grad, which adds.
@@ -169,24 +220,37 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
       for (uint32_t id : launch.outputs()) {
         ctx.outputs.push_back(buffer(id));
         if (!accumulates)
-          std::memset(ctx.outputs.back().data, 0,
-                      static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
+          if (absl::Status z = dev->zero(ctx.outputs.back().data,
+                                         static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
+              !z.ok())
+            return z;
       }
       try {
         (*stepKernels[s])(ctx);
       } catch (const KernelError &error) {
         return absl::InternalError(absl::StrCat(stepName(s, step), ": ", error.what()));
       }
+      if (syncEachStep)
+        if (absl::Status synced = dev->synchronize(); !synced.ok())
+          return absl::InternalError(absl::StrCat(stepName(s, step), " on ", dev->name(), ": ", synced.message()));
     }
     if (afterStep)
       afterStep(s);
   }
+  if (absl::Status synced = dev->synchronize(); !synced.ok())
+    return absl::InternalError(absl::StrCat("a kernel failed on ", dev->name(), ": ", synced.message(),
+                                            " (set MOEC_SYNC_STEPS=1 to find the step)"));
   return absl::OkStatus();
 }
 
-float Executor::loss() const {
+absl::StatusOr<float> Executor::loss() {
   std::optional<uint32_t> id = findBuffer("loss");
-  return id ? *buffer(*id).f32() : 0.0f;
+  if (!id)
+    return absl::NotFoundError("the plan has no 'loss' buffer");
+  absl::StatusOr<std::vector<float>> values = readFloats(*id);
+  if (!values.ok())
+    return values.status();
+  return values->at(0);
 }
 
 } // namespace moec::runtime

@@ -1,9 +1,10 @@
 //===- Executor.h - runs one rank of a plan on a backend --------*- C++ -*-===//
 //
-// Owns the rank's arenas (one allocation per role), gives every buffer its
-// place in them, binds weights from a checkpoint by name, and runs the
-// steps in order through the backend's kernel registry. It knows nothing of
-// training: the trainer sets inputs, runs a step, and reads gradients.
+// Owns the rank's arenas (one device allocation per role), gives every
+// buffer its place in them, binds weights from a checkpoint by name, and
+// runs the steps in order through the device's kernel registry. It knows
+// nothing of training: the trainer sets inputs, runs a step, and reads
+// gradients (read/write copy between the device and the host).
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/exec/Device.h"
 #include "runtime/kernels/Kernel.h"
 #include "runtime/plan/plan.pb.h"
 #include "runtime/weights/Checkpoint.h"
@@ -29,11 +31,10 @@ namespace moec::runtime {
 class Executor {
 public:
   /// Checks the plan (runtime/plan validator) and that every kernel it names
-  /// is in `kernels`, then allocates the rank's arenas. `plan`, `kernels` and
-  /// `pool` must outlive the executor.
-  static absl::StatusOr<std::unique_ptr<Executor>> create(const plan::Plan &plan, int rank,
-                                                          const KernelRegistry &kernels,
-                                                          ThreadPool *pool);
+  /// is in the device's registry, then allocates the rank's arenas. `plan`
+  /// and `device` must outlive the executor.
+  static absl::StatusOr<std::unique_ptr<Executor>> create(const plan::Plan &plan, int rank, Device &device);
+  ~Executor();
 
   /// Fills every WEIGHT buffer from its binding (per-expert, sliced, converted to the
   /// buffer's dtype). Errors name the tensor and the checkpoint.
@@ -45,31 +46,38 @@ public:
                          const std::vector<int64_t> &labels);
 
   /// Sets every GRADIENT buffer to zero (before a step's backward accumulates into them).
-  void zeroGradients();
+  absl::Status zeroGradients();
 
   /// Runs every step in order. `afterStep(index)` (optional) sees each step's outputs
-  /// before later steps reuse their memory. Errors name the step, its kernel and origin.
+  /// (through read()) before later steps reuse their memory. Errors name the step, its
+  /// kernel and origin; with `syncEachStep` (or MOEC_SYNC_STEPS=1) a device fault does too.
   absl::Status run(const std::function<void(int)> &afterStep = {});
 
   /// The scalar in the INPUT buffer `loss`.
-  float loss() const;
+  absl::StatusOr<float> loss();
 
+  /// The buffer as the device holds it (its data is a device pointer).
   TensorRef buffer(uint32_t id) const;
+  /// A buffer's values as f32 (converted from bf16/f16), and back.
+  absl::StatusOr<std::vector<float>> readFloats(uint32_t id);
+  absl::Status writeFloats(uint32_t id, const std::vector<float> &values);
   /// The first buffer with this name.
   std::optional<uint32_t> findBuffer(const std::string &name) const;
   const plan::Rank &rankPlan() const { return *rankProto; }
   const plan::Plan &planProto() const { return *plan; }
-  int64_t tokens() const { return plan->seq_len() * plan->micro_batch(); }
+  Device &device() { return *dev; }
+  void setSyncEachStep(bool sync) { syncEachStep = sync; }
 
 private:
   Executor() = default;
 
   const plan::Plan *plan = nullptr;
   const plan::Rank *rankProto = nullptr;
-  ThreadPool *pool = nullptr;
-  std::map<plan::Role, std::vector<uint8_t>> arenas;
+  Device *dev = nullptr;
+  std::map<plan::Role, void *> arenas;
   std::vector<const KernelFn *> stepKernels; // null for non-launch steps
   std::map<std::string, uint32_t> byName;
+  bool syncEachStep = false;
 };
 
 } // namespace moec::runtime

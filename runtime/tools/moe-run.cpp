@@ -2,6 +2,7 @@
 //
 //   moe-run train --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]
 //                 [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]
+//                 [--backend cpu]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
 //   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
 //
@@ -29,8 +30,6 @@
 #include "runtime/data/DataLoader.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/init/RandomModel.h"
-#include "runtime/kernels/cpu/CpuKernels.h"
-#include "runtime/kernels/cpu/Gemm.h"
 #include "runtime/peft/Adapter.h"
 #include "runtime/plan/PlanIO.h"
 #include "runtime/train/Trainer.h"
@@ -128,11 +127,17 @@ int64_t vocabularySize(const moec::plan::Plan &plan) {
   return 0;
 }
 
-/// Everything a run needs: the plan, the kernels, the executor with weights bound.
+/// The backend a run executes on.
+absl::StatusOr<std::unique_ptr<Device>> openDevice(const std::string &backend, int threads) {
+  if (backend == "cpu")
+    return makeCpuDevice(threads);
+  return absl::InvalidArgumentError("--backend must be cpu, got '" + backend + "'");
+}
+
+/// Everything a run needs: the plan, the device, the executor with weights bound.
 struct Session {
   moec::plan::Plan plan;
-  KernelRegistry kernels;
-  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Device> device;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Trainer> trainer;
 };
@@ -145,15 +150,15 @@ absl::Status openSession(Args &args, Session &session) {
   if (!plan.ok())
     return plan.status();
   session.plan = std::move(*plan);
-  cpu::registerCpuKernels(session.kernels);
   int64_t threads = 0;
   std::string error;
   if (!args.integer("threads", 0, threads, error))
     return absl::InvalidArgumentError(error);
-  session.pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
-  cpu::setGemmThreads(1); // our pool parallelises around the GEMMs
-  absl::StatusOr<std::unique_ptr<Executor>> executor =
-      Executor::create(session.plan, 0, session.kernels, session.pool.get());
+  absl::StatusOr<std::unique_ptr<Device>> device = openDevice(args.get("backend", "cpu"), static_cast<int>(threads));
+  if (!device.ok())
+    return device.status();
+  session.device = std::move(*device);
+  absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::create(session.plan, 0, *session.device);
   if (!executor.ok())
     return absl::Status(executor.status().code(), absl::StrCat(planPath, ": ", executor.status().message()));
   session.executor = std::move(*executor);
@@ -264,8 +269,8 @@ int runTrain(Args &args) {
   } else if (!adapterDir.empty()) {
     if (absl::Status s = loadAdapter(adapterDir, session); !s.ok())
       return fail(std::string(s.message()));
-  } else {
-    session.trainer->initAdapter(static_cast<uint64_t>(seed));
+  } else if (absl::Status s = session.trainer->initAdapter(static_cast<uint64_t>(seed)); !s.ok()) {
+    return fail(std::string(s.message()));
   }
   auto save = [&]() -> absl::Status {
     return session.trainer->saveCheckpoint(checkpointPath, {{"data_state", (*loader)->state().toString()}});
@@ -347,8 +352,8 @@ int runForward(Args &args) {
   if (!adapterDir.empty()) {
     if (absl::Status s = loadAdapter(adapterDir, session); !s.ok())
       return fail(std::string(s.message()));
-  } else {
-    session.trainer->initAdapter(0); // B = 0: the base model
+  } else if (absl::Status s = session.trainer->initAdapter(0); !s.ok()) { // B = 0: the base model
+    return fail(std::string(s.message()));
   }
   absl::StatusOr<std::unique_ptr<data::Dataset>> dataset =
       data::Dataset::open(dataPath, vocabularySize(session.plan));

@@ -15,41 +15,44 @@
 namespace moec::runtime {
 
 Trainer::Trainer(Executor &executor) : executor(executor) {
-  for (const plan::LoraTensor &t : executor.planProto().lora().tensors())
-    tensors.push_back({t.peft_name(), t.param(), t.grad(), t.adam_m(), t.adam_v()});
-}
-
-float *Trainer::data(uint32_t buffer) const { return executor.buffer(buffer).f32(); }
-
-int64_t Trainer::numel(uint32_t buffer) const { return executor.buffer(buffer).numel(); }
-
-void Trainer::initAdapter(uint64_t seed) {
-  for (const Tensor &t : tensors) {
-    TensorRef param = executor.buffer(t.param);
-    float *p = param.f32();
-    bool isA = t.name.find(".lora_A.") != std::string::npos;
-    if (!isA) {
-      std::fill_n(p, param.numel(), 0.0f);
-      continue;
-    }
-    // One stream per tensor name, so adding a target leaves the others unchanged.
-    std::mt19937_64 rng(seed ^ std::hash<std::string>{}(t.name));
-    float bound = 1.0f / std::sqrt(static_cast<float>(param.dim(-1)));
-    std::uniform_real_distribution<float> uniform(-bound, bound);
-    for (int64_t i = 0; i < param.numel(); ++i)
-      p[i] = uniform(rng);
+  for (const plan::LoraTensor &t : executor.planProto().lora().tensors()) {
+    TensorRef param = executor.buffer(t.param());
+    size_t n = static_cast<size_t>(param.numel());
+    tensors.push_back({t.peft_name(), t.param(), t.grad(), param.shape, std::vector<float>(n),
+                       std::vector<float>(n), std::vector<float>(n)});
   }
 }
 
+absl::Status Trainer::initAdapter(uint64_t seed) {
+  for (Tensor &t : tensors) {
+    bool isA = t.name.find(".lora_A.") != std::string::npos;
+    if (!isA) {
+      std::fill(t.master.begin(), t.master.end(), 0.0f);
+    } else {
+      // One stream per tensor name, so adding a target leaves the others unchanged.
+      std::mt19937_64 rng(seed ^ std::hash<std::string>{}(t.name));
+      float bound = 1.0f / std::sqrt(static_cast<float>(t.shape.back()));
+      std::uniform_real_distribution<float> uniform(-bound, bound);
+      for (float &value : t.master)
+        value = uniform(rng);
+    }
+    if (absl::Status s = upload(t); !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>> &values) {
-  for (const Tensor &t : tensors) {
+  for (Tensor &t : tensors) {
     auto it = values.find(t.name);
     if (it == values.end())
       return absl::NotFoundError(absl::StrCat("the adapter has no tensor '", t.name, "'"));
-    if (static_cast<int64_t>(it->second.size()) != numel(t.param))
+    if (it->second.size() != t.master.size())
       return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has ", it->second.size(),
-                                                     " values, the plan expects ", numel(t.param)));
-    std::memcpy(data(t.param), it->second.data(), it->second.size() * sizeof(float));
+                                                     " values, the plan expects ", t.master.size()));
+    t.master = it->second;
+    if (absl::Status s = upload(t); !s.ok())
+      return s;
   }
   return absl::OkStatus();
 }
@@ -57,21 +60,33 @@ absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>>
 std::map<std::string, std::vector<float>> Trainer::adapter() const {
   std::map<std::string, std::vector<float>> out;
   for (const Tensor &t : tensors)
-    out[t.name].assign(data(t.param), data(t.param) + numel(t.param));
+    out[t.name] = t.master;
   return out;
 }
 
-std::map<std::string, std::vector<float>> Trainer::gradients() const {
-  std::map<std::string, std::vector<float>> out;
+std::map<std::string, std::vector<int64_t>> Trainer::shapes() const {
+  std::map<std::string, std::vector<int64_t>> out;
   for (const Tensor &t : tensors)
-    out[t.name].assign(data(t.grad), data(t.grad) + numel(t.grad));
+    out[t.name] = t.shape;
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::gradients() {
+  std::map<std::string, std::vector<float>> out;
+  for (const Tensor &t : tensors) {
+    absl::StatusOr<std::vector<float>> grad = executor.readFloats(t.grad);
+    if (!grad.ok())
+      return grad.status();
+    out[t.name] = std::move(*grad);
+  }
   return out;
 }
 
 absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
   if (absl::Status status = executor.setInputs(batch.ids, batch.positions, batch.labels); !status.ok())
     return status;
-  executor.zeroGradients();
+  if (absl::Status status = executor.zeroGradients(); !status.ok())
+    return status;
   // Tokens per expert from each forward dispatch (its second output).
   lastLoad.clear();
   const plan::Rank &rank = executor.rankPlan();
@@ -80,33 +95,42 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     if (step.phase() != plan::FORWARD || !step.has_launch() || step.launch().kernel() != "dispatch" ||
         step.launch().outputs_size() < 2)
       return;
-    TensorRef counts = executor.buffer(step.launch().outputs(1));
-    std::vector<int64_t> &load = lastLoad[step.layer()];
-    load.resize(static_cast<size_t>(counts.numel()));
-    for (int64_t e = 0; e < counts.numel(); ++e)
-      load[e] = counts.index(e);
+    // Read now: later steps reuse the memory.
+    TensorRef ref = executor.buffer(step.launch().outputs(1));
+    std::vector<int64_t> values(static_cast<size_t>(ref.numel()));
+    if (executor.device().download(values.data(), ref.data, values.size() * sizeof(int64_t)).ok())
+      lastLoad[step.layer()] = std::move(values);
   });
   if (!status.ok())
     return status;
-  lastLoss = executor.loss();
+  absl::StatusOr<float> loss = executor.loss();
+  if (!loss.ok())
+    return loss.status();
+  lastLoss = *loss;
   return lastLoss;
 }
 
-StepStats Trainer::optimizerStep() {
+absl::StatusOr<StepStats> Trainer::optimizerStep() {
   const plan::Optimizer &optimizer = executor.planProto().optimizer();
-  std::vector<std::pair<const float *, int64_t>> grads;
+  absl::StatusOr<std::map<std::string, std::vector<float>>> grads = gradients();
+  if (!grads.ok())
+    return grads.status();
+  std::vector<std::pair<const float *, int64_t>> views;
   for (const Tensor &t : tensors)
-    grads.emplace_back(data(t.grad), numel(t.grad));
+    views.emplace_back((*grads)[t.name].data(), static_cast<int64_t>(t.master.size()));
   StepStats stats;
-  stats.gradNorm = globalNorm(grads);
+  stats.gradNorm = globalNorm(views);
   double factor = clipFactor(stats.gradNorm, optimizer.max_grad_norm());
   stats.lr = learningRate(optimizer, steps);
-  for (const Tensor &t : tensors) {
-    float *g = data(t.grad);
+  for (Tensor &t : tensors) {
+    std::vector<float> &g = (*grads)[t.name];
     if (factor != 1.0)
-      for (int64_t i = 0; i < numel(t.grad); ++i)
-        g[i] = static_cast<float>(g[i] * factor);
-    adamwUpdate(optimizer, stats.lr, steps, data(t.param), g, data(t.m), data(t.v), numel(t.param));
+      for (float &value : g)
+        value = static_cast<float>(value * factor);
+    adamwUpdate(optimizer, stats.lr, steps, t.master.data(), g.data(), t.m.data(), t.v.data(),
+                static_cast<int64_t>(g.size()));
+    if (absl::Status s = upload(t); !s.ok())
+      return s;
   }
   stats.step = ++steps;
   stats.loss = lastLoss;
@@ -128,11 +152,11 @@ absl::Status Trainer::saveCheckpoint(const std::string &path,
                                      const std::map<std::string, std::string> &extra) const {
   weights::SafetensorsWriter writer;
   for (const Tensor &t : tensors) {
-    TensorRef param = executor.buffer(t.param);
-    size_t bytes = static_cast<size_t>(param.numel()) * sizeof(float);
-    std::pair<std::string, uint32_t> parts[] = {{t.name, t.param}, {t.name + ".adam_m", t.m}, {t.name + ".adam_v", t.v}};
-    for (auto &[name, buffer] : parts)
-      if (absl::Status s = writer.add(name, weights::DType::F32, param.shape, data(buffer), bytes); !s.ok())
+    size_t bytes = t.master.size() * sizeof(float);
+    std::pair<std::string, const std::vector<float> *> parts[] = {
+        {t.name, &t.master}, {t.name + ".adam_m", &t.m}, {t.name + ".adam_v", &t.v}};
+    for (auto &[name, values] : parts)
+      if (absl::Status s = writer.add(name, weights::DType::F32, t.shape, values->data(), bytes); !s.ok())
         return s;
   }
   if (absl::Status s = writer.setMetadata("moec_checkpoint", "1"); !s.ok())
@@ -153,18 +177,22 @@ absl::Status Trainer::loadCheckpoint(const std::string &path, std::map<std::stri
   auto marker = metadata.find("moec_checkpoint");
   auto step = metadata.find("step");
   if (marker == metadata.end() || step == metadata.end())
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a MoEC training checkpoint (no moec_checkpoint/step metadata)"));
-  for (const Tensor &t : tensors) {
-    std::pair<std::string, uint32_t> parts[] = {{t.name, t.param}, {t.name + ".adam_m", t.m}, {t.name + ".adam_v", t.v}};
-    for (auto &[name, buffer] : parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a MoEC training checkpoint (no moec_checkpoint/step metadata)"));
+  for (Tensor &t : tensors) {
+    std::pair<std::string, std::vector<float> *> parts[] = {
+        {t.name, &t.master}, {t.name + ".adam_m", &t.m}, {t.name + ".adam_v", &t.v}};
+    for (auto &[name, values] : parts) {
       const weights::TensorInfo *info = (*file)->find(name);
-      size_t bytes = static_cast<size_t>(numel(buffer)) * sizeof(float);
+      size_t bytes = values->size() * sizeof(float);
       if (!info || info->dtype != weights::DType::F32 || info->numBytes() != bytes)
-        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name,
-                                                       "' is missing or does not match the plan (f32, ", numel(buffer),
-                                                       " values); was the checkpoint written for another plan?"));
-      std::memcpy(data(buffer), (*file)->data(*info).data(), bytes);
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor '", name, "' is missing or does not match the plan (f32, ", values->size(),
+            " values); was the checkpoint written for another plan?"));
+      std::memcpy(values->data(), (*file)->data(*info).data(), bytes);
     }
+    if (absl::Status s = upload(t); !s.ok())
+      return s;
   }
   steps = std::stoll(step->second);
   extra = metadata;

@@ -2,9 +2,11 @@
 //
 // One training step = inputs in, forward and backward through the plan,
 // global-norm clipping, AdamW on every trainable tensor of the plan's LoRA
-// layout. Checkpoints hold the adapter, the AdamW moments and the step
-// counters in one safetensors file, written atomically, so a resumed run
-// takes the bit-identical next step.
+// layout. The trainer keeps f32 master copies of the adapter and the AdamW
+// moments on the host (the device holds the parameters in the plan's dtype,
+// uploaded after each update). Checkpoints hold the adapter, the moments and
+// the step count in one safetensors file, written atomically, so a resumed
+// run takes the bit-identical next step.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,18 +40,20 @@ public:
 
   /// PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
   /// a = sqrt(5)), B = 0, from `seed` and each tensor's name.
-  void initAdapter(uint64_t seed);
+  absl::Status initAdapter(uint64_t seed);
   /// Sets the adapter tensors from `tensors` (PEFT name -> f32 values, stacked for
   /// `{expert}` names); every plan tensor must be there with its size.
   absl::Status setAdapter(const std::map<std::string, std::vector<float>> &tensors);
   /// The adapter as PEFT name -> f32 values (stacked for `{expert}` names).
   std::map<std::string, std::vector<float>> adapter() const;
-  std::map<std::string, std::vector<float>> gradients() const;
+  absl::StatusOr<std::map<std::string, std::vector<float>>> gradients();
+  /// Shapes of the adapter tensors, by PEFT name.
+  std::map<std::string, std::vector<int64_t>> shapes() const;
 
   /// Forward and backward for `batch`; gradients are left in the plan's buffers.
   absl::StatusOr<float> forwardBackward(const Batch &batch);
   /// Clipping and AdamW with the schedule's learning rate; counts the step.
-  StepStats optimizerStep();
+  absl::StatusOr<StepStats> optimizerStep();
   /// forwardBackward, then optimizerStep.
   absl::StatusOr<StepStats> trainStep(const Batch &batch);
 
@@ -63,10 +67,11 @@ public:
 private:
   struct Tensor {
     std::string name;
-    uint32_t param, grad, m, v;
+    uint32_t param, grad;
+    std::vector<int64_t> shape;
+    std::vector<float> master, m, v; // f32, on the host
   };
-  float *data(uint32_t buffer) const;
-  int64_t numel(uint32_t buffer) const;
+  absl::Status upload(const Tensor &t) { return executor.writeFloats(t.param, t.master); }
 
   Executor &executor;
   std::vector<Tensor> tensors;

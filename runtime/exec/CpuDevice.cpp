@@ -1,0 +1,55 @@
+//===- CpuDevice.cpp - host memory and the CPU kernels --------------------===//
+
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/exec/Device.h"
+#include "runtime/kernels/cpu/CpuKernels.h"
+#include "runtime/kernels/cpu/Gemm.h"
+
+namespace moec::runtime {
+
+namespace {
+
+class CpuDevice : public Device {
+public:
+  explicit CpuDevice(int threads) : threadPool(threads) {
+    cpu::registerCpuKernels(registry);
+    cpu::setGemmThreads(1); // the pool parallelises around the GEMMs
+  }
+  std::string name() const override { return "cpu (" + std::to_string(threadPool.size()) + " threads)"; }
+  absl::StatusOr<void *> allocate(size_t bytes) override {
+    // 64-byte aligned, as vector loads like.
+    void *memory = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!memory)
+      return absl::ResourceExhaustedError("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    std::memset(memory, 0, bytes);
+    return memory;
+  }
+  void release(void *memory) override { std::free(memory); }
+  absl::Status upload(void *dst, const void *host, size_t bytes) override {
+    std::memcpy(dst, host, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status download(void *host, const void *src, size_t bytes) override {
+    std::memcpy(host, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status zero(void *dst, size_t bytes) override {
+    std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status synchronize() override { return absl::OkStatus(); }
+  ThreadPool *pool() override { return &threadPool; }
+  const KernelRegistry &kernels() const override { return registry; }
+
+private:
+  ThreadPool threadPool;
+  KernelRegistry registry;
+};
+
+} // namespace
+
+std::unique_ptr<Device> makeCpuDevice(int threads) { return std::make_unique<CpuDevice>(threads); }
+
+} // namespace moec::runtime

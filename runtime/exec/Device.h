@@ -1,0 +1,47 @@
+//===- Device.h - where a plan's buffers live and its kernels run -*- C++ -*-===//
+//
+// The executor asks a Device for memory, copies and the kernel registry; the
+// CPU device is plain host memory, the CUDA device (runtime/backends/cuda)
+// device memory and a stream. Kernels see device pointers.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef RUNTIME_EXEC_DEVICE_H_
+#define RUNTIME_EXEC_DEVICE_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/kernels/Kernel.h"
+
+namespace moec::runtime {
+
+class Device {
+public:
+  virtual ~Device() = default;
+  /// "cpu", "cuda:0 (NVIDIA H200)".
+  virtual std::string name() const = 0;
+  /// Zeroed memory of `bytes` bytes (the executor allocates one arena per role).
+  virtual absl::StatusOr<void *> allocate(size_t bytes) = 0;
+  virtual void release(void *memory) = 0;
+  virtual absl::Status upload(void *dst, const void *host, size_t bytes) = 0;
+  virtual absl::Status download(void *host, const void *src, size_t bytes) = 0;
+  /// Zeroes device memory, ordered with the kernels.
+  virtual absl::Status zero(void *dst, size_t bytes) = 0;
+  /// Waits for every kernel launched so far; reports an asynchronous failure.
+  virtual absl::Status synchronize() = 0;
+  /// What kernels get as ctx.stream / ctx.pool.
+  virtual void *stream() { return nullptr; }
+  virtual ThreadPool *pool() { return nullptr; }
+  virtual const KernelRegistry &kernels() const = 0;
+};
+
+/// The CPU: host memory, the CPU kernels, `threads` threads (0 = all).
+std::unique_ptr<Device> makeCpuDevice(int threads = 0);
+
+} // namespace moec::runtime
+
+#endif // RUNTIME_EXEC_DEVICE_H_
