@@ -471,7 +471,8 @@ llvm::Expected<OwningOpRef<ModuleOp>> importModel(const ModelSpec &spec, MLIRCon
 
 llvm::Expected<OwningOpRef<ModuleOp>> importConfigFile(llvm::StringRef configPath,
                                                        MLIRContext &context,
-                                                       std::vector<std::string> *unusedKeys) {
+                                                       std::vector<std::string> *unusedKeys,
+                                                       llvm::StringRef dtype) {
   llvm::Expected<ConfigReader> config = ConfigReader::open(configPath);
   if (!config)
     return config.takeError();
@@ -480,6 +481,13 @@ llvm::Expected<OwningOpRef<ModuleOp>> importConfigFile(llvm::StringRef configPat
     return spec.takeError();
   if (unusedKeys)
     *unusedKeys = spec->unusedKeys;
+  if (!dtype.empty()) {
+    if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "dtype must be float32, bfloat16 or float16, got '%s'",
+                                     dtype.str().c_str());
+    spec->dtype = dtype.str();
+  }
   return importModel(*spec, context);
 }
 

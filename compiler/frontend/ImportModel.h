@@ -17,10 +17,11 @@ llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>> importModel(const ModelSpec &s
                                                              mlir::MLIRContext &context);
 
 /// Reads `configPath` and imports it. `unusedKeys` receives the keys the
-/// importer did not use (the caller warns, or fails under --strict).
+/// importer did not use (the caller warns, or fails under --strict). A
+/// non-empty `dtype` ("float32", "bfloat16", "float16") replaces the config's.
 llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>>
 importConfigFile(llvm::StringRef configPath, mlir::MLIRContext &context,
-                 std::vector<std::string> *unusedKeys = nullptr);
+                 std::vector<std::string> *unusedKeys = nullptr, llvm::StringRef dtype = "");
 
 } // namespace moec::frontend
 

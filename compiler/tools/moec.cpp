@@ -44,9 +44,9 @@ int fail(const Twine &message) {
 
 /// Imports a config, printing the unused-key warning (an error under --strict).
 mlir::OwningOpRef<mlir::ModuleOp> importConfig(StringRef path, mlir::MLIRContext &context,
-                                               bool strict) {
+                                               bool strict, StringRef dtype = "") {
   std::vector<std::string> unused;
-  auto module = moec::frontend::importConfigFile(path, context, &unused);
+  auto module = moec::frontend::importConfigFile(path, context, &unused, dtype);
   if (!module) {
     fail(toString(module.takeError()));
     return nullptr;
@@ -144,6 +144,9 @@ int runCompile(int argc, char **argv) {
   cl::opt<double> maxGradNorm("max-grad-norm", cl::desc("Clip the global gradient norm (0 = off)"),
                               cl::init(1.0));
   cl::opt<bool> strict("strict", cl::desc("Fail on config keys the importer does not use"));
+  cl::opt<std::string> dtype("dtype",
+                             cl::desc("Storage dtype instead of the config's: float32 (the CPU "
+                                      "backend's), bfloat16 or float16"));
   mlir::registerPassManagerCLOptions();
   mlir::registerMLIRContextCLOptions();
   mlir::registerAsmPrinterCLOptions();
@@ -158,7 +161,7 @@ int runCompile(int argc, char **argv) {
     if (!module)
       return fail(inputPath + ": not a valid moe IR file (see the diagnostics above)");
   } else {
-    module = importConfig(inputPath, context, strict);
+    module = importConfig(inputPath, context, strict, dtype);
     if (!module)
       return 1;
   }

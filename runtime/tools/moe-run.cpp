@@ -2,7 +2,7 @@
 //
 //   moe-run train --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]
 //                 [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]
-//                 [--backend cpu]
+//                 [--backend cpu|cuda]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
 //   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
 //
@@ -28,10 +28,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/data/DataLoader.h"
+#include "runtime/backends/cuda/CudaDevice.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/init/RandomModel.h"
 #include "runtime/peft/Adapter.h"
 #include "runtime/plan/PlanIO.h"
+#include "runtime/tools/Args.h"
+#include "runtime/tools/Moec.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/weights/Checkpoint.h"
 
@@ -41,68 +44,6 @@ using namespace moec::runtime;
 namespace {
 
 std::atomic<bool> interrupted{false};
-
-/// Minimal flag parsing: --name value, --name=value, --flag.
-class Args {
-public:
-  Args(int argc, char **argv, int first) {
-    for (int i = first; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg.rfind("--", 0) != 0 && arg != "-o") {
-        positional.push_back(arg);
-        continue;
-      }
-      std::string name = arg == "-o" ? "o" : arg.substr(2), value;
-      if (size_t eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
-        value = argv[++i];
-      } else {
-        value = "true";
-      }
-      values[name] = value;
-    }
-  }
-  std::string get(const std::string &name, const std::string &otherwise = "") {
-    used.insert(name);
-    auto it = values.find(name);
-    return it == values.end() ? otherwise : it->second;
-  }
-  bool has(const std::string &name) {
-    used.insert(name);
-    return values.count(name) > 0;
-  }
-  /// A non-negative integer flag; errors name the flag.
-  bool integer(const std::string &name, int64_t otherwise, int64_t &out, std::string &error) {
-    std::string text = get(name);
-    if (text.empty()) {
-      out = otherwise;
-      return true;
-    }
-    char *end = nullptr;
-    long long v = std::strtoll(text.c_str(), &end, 10);
-    if (*end != '\0' || v < 0) {
-      error = "--" + name + " expects a non-negative integer, got '" + text + "'";
-      return false;
-    }
-    out = v;
-    return true;
-  }
-  /// Flags given but never asked for: typos.
-  std::vector<std::string> unknown() const {
-    std::vector<std::string> out;
-    for (const auto &[name, value] : values)
-      if (!used.count(name))
-        out.push_back("--" + name);
-    return out;
-  }
-  std::vector<std::string> positional;
-
-private:
-  std::map<std::string, std::string> values;
-  std::set<std::string> used;
-};
 
 int fail(const std::string &message) {
   std::cerr << "moe-run: error: " << message << "\n";
@@ -131,7 +72,9 @@ int64_t vocabularySize(const moec::plan::Plan &plan) {
 absl::StatusOr<std::unique_ptr<Device>> openDevice(const std::string &backend, int threads) {
   if (backend == "cpu")
     return makeCpuDevice(threads);
-  return absl::InvalidArgumentError("--backend must be cpu, got '" + backend + "'");
+  if (backend == "cuda")
+    return cuda::makeCudaDevice(0);
+  return absl::InvalidArgumentError("--backend must be cpu or cuda, got '" + backend + "'");
 }
 
 /// Everything a run needs: the plan, the device, the executor with weights bound.
@@ -184,6 +127,15 @@ absl::Status loadAdapter(const std::string &dir, Session &session) {
   absl::StatusOr<peft::Adapter> adapter = peft::importAdapter(dir, options);
   if (!adapter.ok())
     return adapter.status();
+  // The scale alpha/r (or alpha/sqrt(r)) is compiled into the plan: it must be the adapter's.
+  const moec::plan::LoraLayout &lora = session.plan.lora();
+  if (adapter->spec.r != lora.r() || adapter->spec.loraAlpha != lora.alpha() ||
+      adapter->spec.useRslora != lora.use_rslora())
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, "/adapter_config.json: r ", adapter->spec.r, ", lora_alpha ", adapter->spec.loraAlpha,
+        ", use_rslora ", adapter->spec.useRslora ? "true" : "false", " differ from the plan's r ", lora.r(),
+        ", alpha ", lora.alpha(), ", rslora ", lora.use_rslora() ? "true" : "false",
+        "; compile the plan with `moec compile ... --adapter ", dir, "`"));
   std::map<std::string, std::vector<float>> values;
   for (const auto &[name, shape] : expected) {
     if (name.find("{expert}") == std::string::npos) {
@@ -217,7 +169,10 @@ absl::Status exportAdapter(const std::string &dir, Session &session) {
   return peft::exportAdapter(dir, spec, tensors);
 }
 
-void onSignal(int) { interrupted = true; }
+void onSignal(int signal) {
+  interrupted = true;
+  std::signal(signal, SIG_DFL); // a second Ctrl-C stops at once
+}
 
 int runTrain(Args &args) {
   Session session;
@@ -232,7 +187,9 @@ int runTrain(Args &args) {
       !args.integer("checkpoint-every", 100, checkpointEvery, error) ||
       !args.integer("log-every", 10, logEvery, error) || !args.integer("seed", 0, seed, error))
     return fail(error);
-  bool resume = args.has("resume");
+  bool resume = false;
+  if (!args.flag("resume", resume, error))
+    return fail(error);
   std::string adapterDir = args.get("adapter");
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + absl::StrJoin(unknown, ", "));
@@ -276,7 +233,21 @@ int runTrain(Args &args) {
     return session.trainer->saveCheckpoint(checkpointPath, {{"data_state", (*loader)->state().toString()}});
   };
 
-  std::ofstream metrics(out + "/metrics.jsonl", std::ios::app);
+  // Metrics end where the run resumes: lines of steps after the checkpoint are dropped.
+  std::string metricsPath = out + "/metrics.jsonl";
+  {
+    std::vector<std::string> kept;
+    std::ifstream previous(metricsPath);
+    for (std::string line; resume && std::getline(previous, line);) {
+      long long step = 0;
+      if (std::sscanf(line.c_str(), "{\"step\":%lld", &step) == 1 && step <= session.trainer->step())
+        kept.push_back(line);
+    }
+    std::ofstream rewrite(metricsPath, std::ios::trunc);
+    for (const std::string &line : kept)
+      rewrite << line << "\n";
+  }
+  std::ofstream metrics(metricsPath, std::ios::app);
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
   int64_t tokensPerStep = session.plan.seq_len() * session.plan.micro_batch();
@@ -286,11 +257,8 @@ int runTrain(Args &args) {
     data::Batch batch = (*loader)->next();
     absl::StatusOr<StepStats> stats =
         session.trainer->trainStep({batch.inputIds, batch.positions, batch.labels});
-    if (!stats.ok()) {
-      std::cerr << "moe-run: error: " << stats.status().message() << "\n";
-      (void)save();
-      return 1;
-    }
+    if (!stats.ok()) // the last checkpoint stays the one to resume from
+      return fail(std::string(stats.status().message()));
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int64_t done = stats->step - first;
     double tokensPerSecond = done * tokensPerStep / std::max(elapsed, 1e-9);
@@ -308,7 +276,7 @@ int runTrain(Args &args) {
     }
     metrics << "{\"step\":" << stats->step << ",\"loss\":" << stats->loss << ",\"lr\":" << stats->lr
             << ",\"grad_norm\":" << stats->gradNorm << ",\"tokens_per_s\":" << tokensPerSecond
-            << ",\"expert_load\":{" << load << "}}\n";
+            << ",\"expert_load\":{" << load << "}}" << std::endl; // flushed: tail -f, crashes
     if (stats->step == first + 1 || stats->step % std::max<int64_t>(logEvery, 1) == 0 || stats->step == steps) {
       double eta = (steps - stats->step) * elapsed / std::max<int64_t>(done, 1);
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  eta %s\n",
@@ -378,19 +346,7 @@ int runForward(Args &args) {
   return 0;
 }
 
-/// moec: $MOEC, else beside this binary (bazel-bin/runtime/tools -> bazel-bin/compiler/tools), else PATH.
-std::string findMoec(const char *argv0) {
-  if (const char *env = std::getenv("MOEC"))
-    return env;
-  std::error_code ec;
-  fs::path self = fs::canonical("/proc/self/exe", ec);
-  for (fs::path candidate : {self.parent_path() / "moec", self.parent_path() / "../../compiler/tools/moec"})
-    if (!ec && fs::exists(candidate))
-      return candidate.string();
-  return "moec";
-}
-
-int runInit(Args &args, const char *argv0) {
+int runInit(Args &args) {
   if (args.positional.size() != 1)
     return fail("usage: moe-run init CONFIG.json [--seed S] -o DIR [--plan PLAN]");
   std::string config = args.positional[0], out = args.get("o"), planPath = args.get("plan");
@@ -409,9 +365,8 @@ int runInit(Args &args, const char *argv0) {
   if (planPath.empty()) {
     // The plan lists every checkpoint tensor with its shape; moec knows how to make one.
     planPath = out + "/.init.moeplan";
-    std::string command = findMoec(argv0) + " compile '" + config + "' --seq-len 8 -o '" + planPath + "' 2>&1";
-    if (std::system(command.c_str()) != 0)
-      return fail("'" + command + "' failed; give --plan or set $MOEC");
+    if (absl::Status s = runMoecCompile({config, "--seq-len", "8", "-o", planPath}); !s.ok())
+      return fail(std::string(s.message()));
   }
   absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(planPath);
   if (!plan.ok())
@@ -434,10 +389,11 @@ int main(int argc, char **argv) {
   if (command == "forward")
     return runForward(args);
   if (command == "init")
-    return runInit(args, argv[0]);
+    return runInit(args);
   std::cerr << "usage: moe-run <command> [options]\n"
                "  train    --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
                "           [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]\n"
+               "           [--backend cpu|cuda]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
                "  init     CONFIG.json [--seed S] -o DIR [--plan P]\n";
   if (command.empty() || command == "--help" || command == "-h")

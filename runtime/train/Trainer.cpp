@@ -179,22 +179,35 @@ absl::Status Trainer::loadCheckpoint(const std::string &path, std::map<std::stri
   if (marker == metadata.end() || step == metadata.end())
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a MoEC training checkpoint (no moec_checkpoint/step metadata)"));
-  for (Tensor &t : tensors) {
-    std::pair<std::string, std::vector<float> *> parts[] = {
-        {t.name, &t.master}, {t.name + ".adam_m", &t.m}, {t.name + ".adam_v", &t.v}};
-    for (auto &[name, values] : parts) {
-      const weights::TensorInfo *info = (*file)->find(name);
-      size_t bytes = values->size() * sizeof(float);
-      if (!info || info->dtype != weights::DType::F32 || info->numBytes() != bytes)
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": tensor '", name, "' is missing or does not match the plan (f32, ", values->size(),
-            " values); was the checkpoint written for another plan?"));
-      std::memcpy(values->data(), (*file)->data(*info).data(), bytes);
+  char *end = nullptr;
+  long long stepCount = std::strtoll(step->second.c_str(), &end, 10);
+  if (step->second.empty() || *end != '\0' || stepCount < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": step metadata '", step->second, "' is not a non-negative integer"));
+  if ((*file)->tensors().size() != 3 * tensors.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": holds ", (*file)->tensors().size(), " tensors, the plan's adapter needs ", 3 * tensors.size(),
+        " (parameters and two moments each); was the checkpoint written for another plan?"));
+  // Check every tensor before changing anything: a failed resume leaves the trainer as it was.
+  for (int pass = 0; pass < 2; ++pass)
+    for (Tensor &t : tensors) {
+      std::pair<std::string, std::vector<float> *> parts[] = {
+          {t.name, &t.master}, {t.name + ".adam_m", &t.m}, {t.name + ".adam_v", &t.v}};
+      for (auto &[name, values] : parts) {
+        const weights::TensorInfo *info = (*file)->find(name);
+        size_t bytes = values->size() * sizeof(float);
+        if (!info || info->dtype != weights::DType::F32 || info->numBytes() != bytes)
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": tensor '", name, "' is missing or does not match the plan (f32, ", values->size(),
+              " values); was the checkpoint written for another plan?"));
+        if (pass == 1)
+          std::memcpy(values->data(), (*file)->data(*info).data(), bytes);
+      }
+      if (pass == 1)
+        if (absl::Status s = upload(t); !s.ok())
+          return s;
     }
-    if (absl::Status s = upload(t); !s.ok())
-      return s;
-  }
-  steps = std::stoll(step->second);
+  steps = stepCount;
   extra = metadata;
   return absl::OkStatus();
 }

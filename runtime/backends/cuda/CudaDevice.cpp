@@ -1,0 +1,102 @@
+//===- CudaDevice.cpp - GPU memory, a stream and the CUDA kernels ---------===//
+
+#include "runtime/backends/cuda/CudaDevice.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/kernels/cuda/CudaKernels.h"
+
+namespace moec::runtime::cuda {
+
+namespace {
+
+absl::Status cudaStatus(cudaError_t error, const std::string &what) {
+  if (error == cudaSuccess)
+    return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
+}
+
+class CudaDevice : public Device {
+public:
+  CudaDevice(int ordinal, std::string label, cudaStream_t stream)
+      : ordinal(ordinal), label(std::move(label)), cudaStream(stream) {
+    registerCudaKernels(registry);
+  }
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal);
+    cudaStreamDestroy(cudaStream);
+  }
+  std::string name() const override { return label; }
+
+  absl::StatusOr<void *> allocate(size_t bytes) override {
+    void *memory = nullptr;
+    cudaError_t error = cudaMalloc(&memory, bytes ? bytes : 1);
+    if (error == cudaErrorMemoryAllocation) {
+      cudaGetLastError(); // clear it
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      return absl::ResourceExhaustedError(absl::StrCat("out of GPU memory: ", bytes, " bytes asked, ", free,
+                                                       " of ", total, " free"));
+    }
+    if (absl::Status s = cudaStatus(error, "cudaMalloc"); !s.ok())
+      return s;
+    if (absl::Status s = cudaStatus(cudaMemset(memory, 0, bytes), "cudaMemset"); !s.ok())
+      return s;
+    return memory;
+  }
+  void release(void *memory) override { cudaFree(memory); }
+  absl::Status upload(void *dst, const void *host, size_t bytes) override {
+    if (absl::Status s = cudaStatus(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cudaStream),
+                                    "copy to the GPU");
+        !s.ok())
+      return s;
+    return synchronize(); // the host buffer may go away when we return
+  }
+  absl::Status download(void *host, const void *src, size_t bytes) override {
+    if (absl::Status s = cudaStatus(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cudaStream),
+                                    "copy from the GPU");
+        !s.ok())
+      return s;
+    return synchronize();
+  }
+  absl::Status zero(void *dst, size_t bytes) override {
+    return cudaStatus(cudaMemsetAsync(dst, 0, bytes, cudaStream), "cudaMemsetAsync");
+  }
+  absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }
+  void *stream() override { return cudaStream; }
+  const KernelRegistry &kernels() const override { return registry; }
+
+private:
+  int ordinal;
+  std::string label;
+  cudaStream_t cudaStream;
+  KernelRegistry registry;
+};
+
+} // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> makeCudaDevice(int ordinal) {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0)
+    return absl::UnavailableError(absl::StrCat("no GPU available (",
+                                               error != cudaSuccess ? cudaGetErrorName(error) : "0 devices",
+                                               "); use --backend cpu"));
+  if (ordinal < 0 || ordinal >= count)
+    return absl::InvalidArgumentError(absl::StrCat("GPU ", ordinal, " does not exist (", count, " GPUs)"));
+  if (absl::Status s = cudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); !s.ok())
+    return s;
+  cudaDeviceProp properties;
+  cudaGetDeviceProperties(&properties, ordinal);
+  cudaStream_t stream;
+  if (absl::Status s = cudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      !s.ok())
+    return s;
+  return std::unique_ptr<Device>(
+      new CudaDevice(ordinal, absl::StrCat("cuda:", ordinal, " (", properties.name, ")"), stream));
+}
+
+} // namespace moec::runtime::cuda

@@ -1,0 +1,82 @@
+//===- Kernels.cuh - the CUDA attention family's internal interfaces -*- CUDA -*-===//
+//
+// The softmax-attention core shared by attention, mla and sparse_attention
+// (Dense.cu: causal / sliding-window attention in key tiles with an online
+// softmax, never forming the [T, T] scores; Sparse.cu: attention over the
+// keys an index list selects), the RoPE launch and the registration pieces.
+//
+// One query head h of sequence b reads key/value head g = h / group. Query
+// and key are split in two parts (A | B) as MLA's [nope | rope] with the
+// key's B part shared by every head (head stride 0); attention uses A only.
+// Logits are scale * q.k in f32 on the allowed keys (s <= t, t - s < window,
+// selected), a sink logit joins the denominator, and O = softmax · V. The
+// backward recomputes the probabilities from a per-(query, head) logsumexp:
+//   stats:  lse = log Σ exp(z), D = dO · O, sink part = -p_sink · D
+//   dQ:     per (query, head): dq = Σ_s dS_s k_s,  dS = scale · p (dO·v - D)
+//   dK, dV: per (key, kv head), looping over the heads of the group and the
+//           queries that see the key: dk = Σ dS q, dv = Σ p dO
+// Every sum has a fixed order, so the results are deterministic.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef RUNTIME_KERNELS_CUDA_ATTENTION_KERNELS_CUH_
+#define RUNTIME_KERNELS_CUDA_ATTENTION_KERNELS_CUH_
+
+#include <cstdint>
+
+#include "runtime/kernels/cuda/attention/Common.cuh"
+
+namespace moec::runtime::cuda::attention {
+
+struct AttnParams {
+  int64_t L = 0, B = 0; // sequence length, sequences (rows [b*L, (b+1)*L))
+  int H = 0, KV = 0, group = 1;
+  int dA = 0, dB = 0, dv = 0; // query/key parts A and B, value width
+  Mat qA, qB, kA, kB, v;      // q by head h, k and v by kv head g
+  float scale = 0;
+  int64_t window = 0; // 0 = none
+  FloatIn sinks;      // [H]; p null = none
+  OutMat out;         // forward result by head h
+  // Backward.
+  Mat dO;                                                   // result gradient by head h
+  float *lse = nullptr, *D = nullptr, *sinkPart = nullptr;  // [T, H] scratch
+  OutMat dqA, dqB, dkA, dkB, dV;                            // p null = not wanted
+};
+
+/// The keys of each query row for sparse attention, built on the device.
+struct SparseSel {
+  int64_t K = 0;                  // slots per query row
+  const int32_t *sel = nullptr;   // [T, K] selected global key rows, ascending, distinct;
+  const int32_t *count = nullptr; // [T] how many; slots past the count hold T
+  // For dK/dV: the (key row, query row) pairs sorted by key row, then query row.
+  const int32_t *byKey = nullptr, *queries = nullptr;
+  int64_t entries = 0;
+};
+
+/// Dense (causal, windowed) attention: the result into P.out.
+void denseForward(const KernelContext &ctx, const AttnParams &P);
+/// Its backward: gradients into the non-null P.dq*/dk*/dV views (and dSinks
+/// when not null), using scratch for the statistics.
+void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, FloatOut dSinks);
+
+/// The selection of sparse attention from indices [T, K] (-1, duplicates,
+/// future or out-of-range entries ignored); `transpose` also builds byKey.
+SparseSel prepareSparse(const KernelContext &ctx, Scratch &scratch, IndexIn indices, int64_t tokens,
+                        int64_t K, int64_t L, bool transpose);
+void sparseForward(const KernelContext &ctx, const AttnParams &P, const SparseSel &S);
+void sparseBackward(const KernelContext &ctx, AttnParams P, const SparseSel &S, Scratch &scratch);
+
+/// y = rotation (or its transpose) of the first 2*r.half features of every
+/// head of x [tokens, features]; the rest copied.
+void launchRope(const KernelContext &ctx, FloatIn x, IndexIn positions, FloatOut y,
+                int64_t tokens, int64_t features, int64_t headDim, const RopeConsts &r,
+                bool backward);
+
+void registerRopeKernels(KernelRegistry &registry);
+void registerGqaKernels(KernelRegistry &registry);
+void registerMlaKernels(KernelRegistry &registry);
+void registerIndexerKernels(KernelRegistry &registry);
+
+} // namespace moec::runtime::cuda::attention
+
+#endif // RUNTIME_KERNELS_CUDA_ATTENTION_KERNELS_CUH_

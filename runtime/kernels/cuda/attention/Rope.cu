@@ -1,0 +1,118 @@
+//===- Rope.cu - rotary position embedding on the GPU ---------------------===//
+//
+// rope: x [T, H*head_dim], positions [T] -> the first rope.dim features of
+// every head rotated, the rest copied (partial RoPE); the backward applies
+// the transposed rotation to the result's gradient. One block per token:
+// the row's cos/sin (rope.dim/2 of them) go to shared memory, then every
+// thread writes output features independently. The arithmetic rounds as
+// the CPU's RopeTable does, so the results are bit-identical up to the
+// last-place difference of the device's double sin/cos.
+//
+//===----------------------------------------------------------------------===//
+
+#include <string>
+
+#include "runtime/kernels/cuda/attention/Common.cuh"
+#include "runtime/kernels/cuda/attention/Kernels.cuh"
+
+namespace moec::runtime::cuda::attention {
+namespace {
+
+constexpr int kRopeThreads = 128;
+
+__global__ void __launch_bounds__(kRopeThreads)
+    ropeRows(FloatIn x, IndexIn positions, FloatOut y, int64_t features, int64_t headDim,
+             RopeConsts r, int backward) {
+  __shared__ float cs[kMaxRopeHalf], sn[kMaxRopeHalf];
+  const int64_t t = blockIdx.x;
+  const float position = static_cast<float>(ldIndex(positions, t));
+  for (int i = threadIdx.x; i < r.half; i += blockDim.x)
+    ropeCosSin(r, i, position, cs[i], sn[i]);
+  __syncthreads();
+  const int dim = 2 * r.half;
+  const int64_t base = t * features;
+  for (int64_t f = threadIdx.x; f < features; f += blockDim.x) {
+    int64_t h0 = f - f % headDim; // the head's first feature
+    int e = static_cast<int>(f - h0);
+    float value;
+    if (e >= dim) {
+      value = ld(x, base + f);
+    } else if (!backward) { // RopeTable::rotate: y[i], y[i + half] from the pair of slot i
+      int i = e < r.half ? e : e - r.half;
+      float a = ld(x, base + h0 + (r.interleaved ? 2 * i : i));
+      float b = ld(x, base + h0 + (r.interleaved ? 2 * i + 1 : i + r.half));
+      value = e < r.half ? __fsub_rn(__fmul_rn(a, cs[i]), __fmul_rn(b, sn[i]))
+                         : __fadd_rn(__fmul_rn(b, cs[i]), __fmul_rn(a, sn[i]));
+    } else { // RopeTable::rotateBack: dx[a slot], dx[b slot] from dy[i], dy[i + half]
+      int i = r.interleaved ? e / 2 : (e < r.half ? e : e - r.half);
+      bool first = r.interleaved ? (e % 2) == 0 : e < r.half;
+      float g0 = ld(x, base + h0 + i), g1 = ld(x, base + h0 + i + r.half);
+      value = first ? __fadd_rn(__fmul_rn(g0, cs[i]), __fmul_rn(g1, sn[i]))
+                    : __fsub_rn(__fmul_rn(g1, cs[i]), __fmul_rn(g0, sn[i]));
+    }
+    st(y, base + f, value);
+  }
+}
+
+struct RopeLaunch {
+  int64_t tokens = 0, features = 0, headDim = 0;
+  RopeSpec spec;
+  FloatIn x;
+  IndexIn positions;
+};
+
+RopeLaunch readRopeLaunch(const KernelContext &ctx) {
+  RopeLaunch l;
+  const TensorRef &x = ctx.in(0);
+  l.x = floatIn(ctx, x, "input", {-1, -1});
+  l.tokens = x.dim(0);
+  l.features = x.dim(1);
+  l.headDim = positiveAttr(ctx, "head_dim");
+  if (l.features % l.headDim != 0)
+    ctx.fail("input features (" + std::to_string(l.features) +
+             ") must be a multiple of head_dim (" + std::to_string(l.headDim) + ")");
+  l.positions = indexIn(ctx, ctx.in(1), "positions", {l.tokens});
+  l.spec = *readRope(ctx, "rope", /*required=*/true, l.headDim);
+  return l;
+}
+
+void ropeForward(KernelContext &ctx) {
+  if (ctx.inputs.size() != 2)
+    ctx.fail("expected 2 inputs (input, positions), got " + std::to_string(ctx.inputs.size()));
+  RopeLaunch l = readRopeLaunch(ctx);
+  if (ctx.outputs.size() != 1)
+    ctx.fail("expected 1 output, got " + std::to_string(ctx.outputs.size()));
+  FloatOut out = floatOut(ctx, ctx.out(0), "result", {l.tokens, l.features});
+  launchRope(ctx, l.x, l.positions, out, l.tokens, l.features, l.headDim,
+             ropeConsts(ctx, l.spec), /*backward=*/false);
+}
+
+void ropeBackward(KernelContext &ctx) {
+  size_t operands = backwardOperands(ctx, 2, 2);
+  RopeLaunch l = readRopeLaunch(ctx);
+  FloatIn gradOut = checkBackward(ctx, operands, {0}, l.tokens, l.features);
+  FloatOut gradIn = gradFor(ctx, 0);
+  if (!gradIn.p || !gradOut.p)
+    return;
+  launchRope(ctx, gradOut, l.positions, gradIn, l.tokens, l.features, l.headDim,
+             ropeConsts(ctx, l.spec), /*backward=*/true);
+}
+
+} // namespace
+
+void launchRope(const KernelContext &ctx, FloatIn x, IndexIn positions, FloatOut y,
+                int64_t tokens, int64_t features, int64_t headDim, const RopeConsts &r,
+                bool backward) {
+  if (tokens == 0 || features == 0)
+    return;
+  ropeRows<<<static_cast<unsigned>(tokens), kRopeThreads, 0, streamOf(ctx)>>>(
+      x, positions, y, features, headDim, r, backward ? 1 : 0);
+  checkLaunch(ctx, backward ? "rope.backward" : "rope");
+}
+
+void registerRopeKernels(KernelRegistry &registry) {
+  registry.add("rope", ropeForward);
+  registry.add("rope.backward", ropeBackward);
+}
+
+} // namespace moec::runtime::cuda::attention

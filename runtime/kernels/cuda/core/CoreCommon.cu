@@ -1,0 +1,241 @@
+//===- CoreCommon.cu - helpers shared by the core CUDA kernels ------------===//
+
+#include "runtime/kernels/cuda/core/CoreCommon.cuh"
+
+#include <algorithm>
+
+#include "runtime/kernels/cuda/CudaGemm.h"
+#include "runtime/kernels/cuda/CudaKernels.h"
+#include "runtime/plan/PlanFormat.h"
+
+namespace moec::runtime::cuda {
+
+void registerCoreKernels(KernelRegistry &registry) {
+  core::registerNormKernels(registry);
+  core::registerDenseKernels(registry);
+  core::registerElementwiseKernels(registry);
+  core::registerTokenKernels(registry);
+}
+
+namespace core {
+
+//===----------------------------------------------------------------------===//
+// Tensors and launch checks
+//===----------------------------------------------------------------------===//
+
+void expectFloats(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+  if (t.dtype != plan::F32 && t.dtype != plan::BF16)
+    ctx.fail(what + " must be f32 or bf16, got " + plan::dtypeName(t.dtype));
+}
+
+FloatIn floatIn(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+  expectFloats(ctx, t, what);
+  return FloatIn{t.data, t.dtype == plan::BF16};
+}
+
+FloatOut floatOut(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+  expectFloats(ctx, t, what);
+  return FloatOut{t.data, t.dtype == plan::BF16};
+}
+
+IndexIn indexIn(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+  expectIndices(ctx, t, what);
+  return IndexIn{t.data, t.dtype == plan::I64};
+}
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? "," : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+void expectIndices(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+  if (t.dtype != plan::I32 && t.dtype != plan::I64)
+    ctx.fail(what + " must be i32 or i64, got " + plan::dtypeName(t.dtype));
+}
+
+void expectSameShape(const KernelContext &ctx, const TensorRef &a, const std::string &aName,
+                     const TensorRef &b, const std::string &bName) {
+  if (a.shape != b.shape)
+    ctx.fail(aName + " has shape " + shapeText(a.shape) + ", expected the shape of " + bName + " " +
+             shapeText(b.shape));
+}
+
+int64_t rowsOf(const KernelContext &ctx, const TensorRef &t, const std::string &what,
+               int64_t features) {
+  if (t.rank() < 1)
+    ctx.fail(what + " must have rank >= 1, got a scalar");
+  if (features >= 0 && t.dim(-1) != features)
+    ctx.fail(what + " has shape " + shapeText(t.shape) + ", expected " + std::to_string(features) +
+             " features in its last dimension");
+  return t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1);
+}
+
+void expectRowsShape(const KernelContext &ctx, const TensorRef &t, const std::string &what,
+                     const TensorRef &x, int64_t last) {
+  std::vector<int64_t> want = x.shape;
+  want.back() = last;
+  if (t.shape != want)
+    ctx.fail(what + " has shape " + shapeText(t.shape) + ", expected " + shapeText(want));
+}
+
+BackwardLaunch::BackwardLaunch(const KernelContext &ctx, size_t numResults,
+                               const std::vector<int64_t> &differentiable)
+    : ctx(ctx), gradOfOutputs(ctx.attrInts("grad_of_outputs")), gradOfInputs(ctx.gradOfInputs()) {
+  for (int64_t result : gradOfOutputs)
+    if (result < 0 || result >= static_cast<int64_t>(numResults))
+      ctx.fail("grad_of_outputs names result " + std::to_string(result) + ", but the op has " +
+               std::to_string(numResults) + (numResults == 1 ? " result" : " results"));
+  if (ctx.has("backward_segments")) {
+    std::vector<int64_t> segments = ctx.attrInts("backward_segments");
+    if (segments.size() != 3 || segments[0] < 0 || segments[1] < 0 ||
+        segments[2] != static_cast<int64_t>(gradOfOutputs.size()) ||
+        segments[0] + segments[1] + segments[2] != static_cast<int64_t>(ctx.inputs.size()))
+      ctx.fail("backward_segments " + shapeText(segments) + " do not match " +
+               std::to_string(ctx.inputs.size()) + " inputs and " +
+               std::to_string(gradOfOutputs.size()) + " entries of grad_of_outputs");
+    operands = static_cast<size_t>(segments[0]);
+    results = static_cast<size_t>(segments[1]);
+  } else {
+    if (ctx.inputs.size() < gradOfOutputs.size())
+      ctx.fail("fewer inputs than entries of grad_of_outputs");
+    operands = ctx.inputs.size() - gradOfOutputs.size();
+  }
+  if (ctx.outputs.size() != gradOfInputs.size())
+    ctx.fail("expected " + std::to_string(gradOfInputs.size()) +
+             " outputs (one per entry of grad_of_inputs), got " +
+             std::to_string(ctx.outputs.size()));
+  for (size_t k = 0; k < gradOfInputs.size(); ++k) {
+    int64_t operand = gradOfInputs[k];
+    if (operand < 0 || operand >= static_cast<int64_t>(operands))
+      ctx.fail("grad_of_inputs names operand " + std::to_string(operand) + ", but there are " +
+               std::to_string(operands) + " operands");
+    if (std::find(differentiable.begin(), differentiable.end(), operand) == differentiable.end())
+      ctx.fail("operand " + std::to_string(operand) + " has no gradient");
+    expectSameShape(ctx, ctx.outputs[k], "the gradient of operand " + std::to_string(operand),
+                    ctx.inputs[operand], "operand " + std::to_string(operand));
+    expectFloats(ctx, ctx.outputs[k], "the gradient of operand " + std::to_string(operand));
+  }
+}
+
+const TensorRef *BackwardLaunch::resultGrad(int64_t result) const {
+  for (size_t k = 0; k < gradOfOutputs.size(); ++k)
+    if (gradOfOutputs[k] == result)
+      return &ctx.inputs[operands + results + k];
+  return nullptr;
+}
+
+const TensorRef &BackwardLaunch::resultGrad0(const std::vector<int64_t> &shape) const {
+  const TensorRef *grad = resultGrad(0);
+  if (!grad)
+    ctx.fail("grad_of_outputs must name result 0");
+  if (grad->shape != shape)
+    ctx.fail("the result gradient has shape " + shapeText(grad->shape) + ", expected " +
+             shapeText(shape));
+  expectFloats(ctx, *grad, "the result gradient");
+  return *grad;
+}
+
+const TensorRef *BackwardLaunch::operandGrad(int64_t operand) const {
+  for (size_t k = 0; k < gradOfInputs.size(); ++k)
+    if (gradOfInputs[k] == operand)
+      return &ctx.outputs[k];
+  return nullptr;
+}
+
+//===----------------------------------------------------------------------===//
+// Scratch memory, fills, GEMM over mixed storage types
+//===----------------------------------------------------------------------===//
+
+Workspace::~Workspace() {
+  for (void *p : blocks)
+    cudaFreeAsync(p, streamOf(ctx));
+}
+
+void *Workspace::bytes(size_t n) {
+  void *p = nullptr;
+  cudaError_t error = cudaMallocAsync(&p, n, streamOf(ctx));
+  if (error != cudaSuccess) {
+    cudaGetLastError(); // not the launch's error: report it here
+    ctx.fail("cannot allocate " + std::to_string(n) + " bytes of scratch memory: " +
+             cudaGetErrorString(error));
+  }
+  blocks.push_back(p);
+  return p;
+}
+
+namespace {
+
+__global__ void fillKernel(FloatOut out, int64_t n, float value) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out.set(i, value);
+}
+
+/// out[i] = in[i] (widening or rounding between the storage types).
+__global__ void convertKernel(FloatIn in, FloatOut out, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out.set(i, in[i]);
+}
+
+void convert(const KernelContext &ctx, FloatIn in, FloatOut out, int64_t n) {
+  if (n == 0)
+    return;
+  convertKernel<<<gridFor(n), kThreads, 0, streamOf(ctx)>>>(in, out, n);
+  checkLaunch(ctx, "convert");
+}
+
+/// `m` as f32: itself, or a widened copy in scratch.
+const void *asF32(const KernelContext &ctx, Workspace &ws, const Matrix &m) {
+  if (m.dtype == plan::F32)
+    return m.p;
+  float *wide = ws.alloc<float>(m.elements);
+  convert(ctx, FloatIn{m.p, true}, FloatOut{wide, false}, m.elements);
+  return wide;
+}
+
+} // namespace
+
+void fillFloats(const KernelContext &ctx, FloatOut out, int64_t n, float value) {
+  if (n == 0)
+    return;
+  fillKernel<<<gridFor(n), kThreads, 0, streamOf(ctx)>>>(out, n, value);
+  checkLaunch(ctx, "fill");
+}
+
+void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m,
+             int64_t n, int64_t k, float alpha, Matrix a, int64_t lda, Matrix b, int64_t ldb,
+             float beta, void *c, plan::DType cType) {
+  if (m == 0 || n == 0)
+    return;
+  bool cBf16 = cType == plan::BF16;
+  if (k == 0) { // an empty sum: C = beta C
+    if (beta == 0.0f)
+      fillFloats(ctx, FloatOut{c, cBf16}, m * n, 0.0f);
+    else if (beta != 1.0f)
+      ctx.fail("internal: gemmAny with k = 0 and beta other than 0 or 1");
+    return;
+  }
+  const void *pa = a.p, *pb = b.p;
+  plan::DType abType = a.dtype;
+  if (a.dtype != b.dtype) { // one of each: compute in f32
+    pa = asF32(ctx, ws, a);
+    pb = asF32(ctx, ws, b);
+    abType = plan::F32;
+  }
+  if (cType == plan::F32 || cType == abType) {
+    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType);
+    return;
+  }
+  // f32 product into a bf16 C: through an f32 copy.
+  float *wide = ws.alloc<float>(m * n);
+  if (beta != 0.0f)
+    convert(ctx, FloatIn{c, true}, FloatOut{wide, false}, m * n);
+  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, wide, n, plan::F32);
+  convert(ctx, FloatIn{wide, false}, FloatOut{c, true}, m * n);
+}
+
+} // namespace core
+} // namespace moec::runtime::cuda

@@ -1,0 +1,269 @@
+//===- Norms.cu - rms_norm and layer_norm, forward and backward -----------===//
+//
+// One thread block per normalised group (rms_norm) or row (layer_norm);
+// statistics reduced over the block in f32 in a fixed order. x̂ is rounded to
+// f32 before the weight multiplies it, as on the CPU. Weight and bias
+// gradients are column sums over the rows (columnSums: two passes, no atomics).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/kernels/cuda/core/CoreCommon.cuh"
+
+namespace moec::runtime::cuda::core {
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// rms_norm
+//===----------------------------------------------------------------------===//
+
+/// x [..., F] normalised in groups of G = weight size contiguous features.
+struct RmsNormArgs {
+  FloatIn x, w;
+  int64_t groupSize, groups;
+  float eps;
+  bool unitOffset;
+
+  RmsNormArgs(const KernelContext &ctx) {
+    const TensorRef &input = ctx.in(0), &weight = ctx.in(1);
+    x = floatIn(ctx, input, "input");
+    w = floatIn(ctx, weight, "weight");
+    ctx.expectShape(weight, "weight", {-1});
+    groupSize = weight.dim(0);
+    rowsOf(ctx, input, "input"); // rank >= 1
+    int64_t features = input.dim(-1);
+    if (groupSize <= 0 || features % groupSize != 0)
+      ctx.fail("weight size " + std::to_string(groupSize) + " does not divide the input's " +
+               std::to_string(features) + " features");
+    groups = input.numel() / groupSize;
+    eps = static_cast<float>(ctx.attrFloat("eps"));
+    unitOffset = ctx.attrBool("unit_offset");
+  }
+};
+
+__device__ __forceinline__ float normScale(FloatIn w, int64_t j, bool unitOffset) {
+  return unitOffset ? 1.0f + w[j] : w[j];
+}
+
+/// 1 / sqrt(mean(x²) + eps) of the group starting at `base`; every thread gets it.
+__device__ __forceinline__ float inverseRms(FloatIn x, int64_t base, int64_t n, float eps,
+                                            float *shared) {
+  float squares = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = x[base + j];
+    squares += v * v;
+  }
+  squares = blockSum(squares, shared);
+  return 1.0f / sqrtf(squares / static_cast<float>(n) + eps);
+}
+
+/// Grid: one block per group.
+__global__ void rmsNormKernel(FloatIn x, FloatIn w, FloatOut y, int64_t n, float eps,
+                              bool unitOffset) {
+  __shared__ float shared[32];
+  int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  float r = inverseRms(x, base, n, eps, shared);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    y.set(base + j, normScale(w, j, unitOffset) * (x[base + j] * r));
+}
+
+/// dx = r (g - x̂ mean(g x̂)) with g = dy * scale; stores r per group for dw.
+/// Grid: one block per group. dx.p or rinv may be null (not asked).
+__global__ void rmsNormBackwardKernel(FloatIn x, FloatIn w, FloatIn dy, FloatOut dx, float *rinv,
+                                      int64_t n, float eps, bool unitOffset) {
+  __shared__ float shared[32];
+  int64_t g = blockIdx.x, base = g * n;
+  float r = inverseRms(x, base, n, eps, shared);
+  if (rinv && threadIdx.x == 0)
+    rinv[g] = r;
+  if (!dx.p)
+    return; // uniform over the block
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    dot += dy[base + j] * normScale(w, j, unitOffset) * (x[base + j] * r);
+  dot = blockSum(dot, shared);
+  float mean = dot / static_cast<float>(n);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float xhat = x[base + j] * r;
+    dx.set(base + j, r * (dy[base + j] * normScale(w, j, unitOffset) - xhat * mean));
+  }
+}
+
+/// dw[j] = Σ_g dy[g, j] x̂[g, j].
+struct RmsWeightGrad {
+  FloatIn x, dy;
+  const float *rinv;
+  int64_t n;
+  __device__ float operator()(int64_t g, int64_t j) const {
+    return dy[g * n + j] * (x[g * n + j] * rinv[g]);
+  }
+};
+
+void rmsNorm(KernelContext &ctx) {
+  RmsNormArgs a(ctx);
+  const TensorRef &result = ctx.out(0);
+  expectSameShape(ctx, result, "result", ctx.in(0), "input");
+  FloatOut y = floatOut(ctx, result, "result");
+  if (a.groups == 0)
+    return;
+  rmsNormKernel<<<blockCount(ctx, a.groups), rowThreads(a.groupSize), 0, streamOf(ctx)>>>(
+      a.x, a.w, y, a.groupSize, a.eps, a.unitOffset);
+  checkLaunch(ctx, "rms_norm");
+}
+
+void rmsNormBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0, 1});
+  RmsNormArgs a(ctx);
+  FloatIn dy = floatIn(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1);
+  FloatOut dx = dxRef ? floatOut(ctx, *dxRef, "the input gradient") : FloatOut{};
+  FloatOut dw = dwRef ? floatOut(ctx, *dwRef, "the weight gradient") : FloatOut{};
+  if (!dxRef && !dwRef)
+    return;
+  Workspace ws(ctx);
+  float *rinv = dwRef ? ws.alloc<float>(a.groups) : nullptr;
+  if (a.groups > 0) {
+    rmsNormBackwardKernel<<<blockCount(ctx, a.groups), rowThreads(a.groupSize), 0,
+                            streamOf(ctx)>>>(a.x, a.w, dy, dx, rinv, a.groupSize, a.eps,
+                                             a.unitOffset);
+    checkLaunch(ctx, "rms_norm.backward");
+  }
+  if (dwRef)
+    columnSums(ctx, ws, RmsWeightGrad{a.x, dy, rinv, a.groupSize}, a.groups, a.groupSize, dw,
+               "rms_norm.backward (weight)");
+}
+
+//===----------------------------------------------------------------------===//
+// layer_norm
+//===----------------------------------------------------------------------===//
+
+/// x [..., F], weight [F], bias [F]; biased variance as torch has it.
+struct LayerNormArgs {
+  FloatIn x, w, b;
+  int64_t features, rows;
+  float eps;
+
+  LayerNormArgs(const KernelContext &ctx) {
+    const TensorRef &input = ctx.in(0);
+    x = floatIn(ctx, input, "input");
+    w = floatIn(ctx, ctx.in(1), "weight");
+    b = floatIn(ctx, ctx.in(2), "bias");
+    rows = rowsOf(ctx, input, "input");
+    features = input.dim(-1);
+    ctx.expectShape(ctx.in(1), "weight", {features});
+    ctx.expectShape(ctx.in(2), "bias", {features});
+    eps = static_cast<float>(ctx.attrFloat("eps"));
+  }
+};
+
+/// Mean and 1 / sqrt(var + eps) of the row starting at `base`; every thread gets them.
+__device__ __forceinline__ void rowStats(FloatIn x, int64_t base, int64_t n, float eps,
+                                         float *shared, float &mean, float &inverseStd) {
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    sum += x[base + j];
+  mean = blockSum(sum, shared) / static_cast<float>(n);
+  float squares = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float d = x[base + j] - mean;
+    squares += d * d;
+  }
+  squares = blockSum(squares, shared);
+  inverseStd = 1.0f / sqrtf(squares / static_cast<float>(n) + eps);
+}
+
+/// Grid: one block per row.
+__global__ void layerNormKernel(FloatIn x, FloatIn w, FloatIn b, FloatOut y, int64_t n,
+                                float eps) {
+  __shared__ float shared[32];
+  int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  float mean, r;
+  rowStats(x, base, n, eps, shared, mean, r);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    y.set(base + j, (x[base + j] - mean) * r * w[j] + b[j]);
+}
+
+/// dx = r (g - mean(g) - x̂ mean(g x̂)) with g = dy * w; stores mean and r per
+/// row for the parameter gradients. Grid: one block per row; dx.p or stats may be null.
+__global__ void layerNormBackwardKernel(FloatIn x, FloatIn w, FloatIn dy, FloatOut dx,
+                                        float2 *stats, int64_t n, float eps) {
+  __shared__ float shared[32];
+  int64_t row = blockIdx.x, base = row * n;
+  float mean, r;
+  rowStats(x, base, n, eps, shared, mean, r);
+  if (stats && threadIdx.x == 0)
+    stats[row] = make_float2(mean, r);
+  if (!dx.p)
+    return; // uniform over the block
+  float sumG = 0.0f, sumGx = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float g = dy[base + j] * w[j];
+    sumG += g;
+    sumGx += g * ((x[base + j] - mean) * r);
+  }
+  sumG = blockSum(sumG, shared);
+  sumGx = blockSum(sumGx, shared);
+  float meanG = sumG / static_cast<float>(n), meanGx = sumGx / static_cast<float>(n);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float xhat = (x[base + j] - mean) * r, g = dy[base + j] * w[j];
+    dx.set(base + j, r * (g - meanG - xhat * meanGx));
+  }
+}
+
+/// dw[j] = Σ_row dy x̂.
+struct LayerWeightGrad {
+  FloatIn x, dy;
+  const float2 *stats;
+  int64_t n;
+  __device__ float operator()(int64_t row, int64_t j) const {
+    float2 s = stats[row];
+    return dy[row * n + j] * ((x[row * n + j] - s.x) * s.y);
+  }
+};
+
+void layerNorm(KernelContext &ctx) {
+  LayerNormArgs a(ctx);
+  const TensorRef &result = ctx.out(0);
+  expectSameShape(ctx, result, "result", ctx.in(0), "input");
+  FloatOut y = floatOut(ctx, result, "result");
+  if (a.rows == 0)
+    return;
+  layerNormKernel<<<blockCount(ctx, a.rows), rowThreads(a.features), 0, streamOf(ctx)>>>(
+      a.x, a.w, a.b, y, a.features, a.eps);
+  checkLaunch(ctx, "layer_norm");
+}
+
+void layerNormBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0, 1, 2});
+  LayerNormArgs a(ctx);
+  FloatIn dy = floatIn(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1),
+                  *dbRef = launch.operandGrad(2);
+  FloatOut dx = dxRef ? floatOut(ctx, *dxRef, "the input gradient") : FloatOut{};
+  FloatOut dw = dwRef ? floatOut(ctx, *dwRef, "the weight gradient") : FloatOut{};
+  FloatOut db = dbRef ? floatOut(ctx, *dbRef, "the bias gradient") : FloatOut{};
+  Workspace ws(ctx);
+  float2 *stats = dwRef ? ws.alloc<float2>(a.rows) : nullptr;
+  if (a.rows > 0 && (dxRef || dwRef)) {
+    layerNormBackwardKernel<<<blockCount(ctx, a.rows), rowThreads(a.features), 0,
+                              streamOf(ctx)>>>(a.x, a.w, dy, dx, stats, a.features, a.eps);
+    checkLaunch(ctx, "layer_norm.backward");
+  }
+  if (dwRef)
+    columnSums(ctx, ws, LayerWeightGrad{a.x, dy, stats, a.features}, a.rows, a.features, dw,
+               "layer_norm.backward (weight)");
+  if (dbRef)
+    columnSums(ctx, ws, RowSum{dy, a.features}, a.rows, a.features, db,
+               "layer_norm.backward (bias)");
+}
+
+} // namespace
+
+void registerNormKernels(KernelRegistry &registry) {
+  registry.add("rms_norm", rmsNorm);
+  registry.add("rms_norm.backward", rmsNormBackward);
+  registry.add("layer_norm", layerNorm);
+  registry.add("layer_norm.backward", layerNormBackward);
+}
+
+} // namespace moec::runtime::cuda::core

@@ -1,0 +1,195 @@
+//===- Dispatch.cu - token copies to expert-major order and back ----------===//
+//
+// The twin of cpu/routing/Dispatch.cpp. The expert-major order (rows grouped
+// by expert in expert order, within an expert in (token, slot) order) comes
+// from a stable radix sort of the copies by expert on the device
+// (expertMajorOrder); the counts from an integer histogram.
+//   dispatch:          one block per output row, threads over features.
+//   dispatch.backward: one block per token, the k copies summed in slot order.
+//   combine:           one block per token, Σ_j w[t, j] * row(t, j) in slot order.
+//   combine.backward:  one block per token: d expert_output rows = w * dy and
+//                      d weights = <dy, row> (double block reduction).
+// Everything is written (no pre-zeroed outputs), nothing uses float atomics.
+// Index values are not range-checked on the host: they live on the device.
+//
+//===----------------------------------------------------------------------===//
+
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/cuda/routing/RoutingCommon.cuh"
+#include "runtime/kernels/cuda/routing/RoutingKernels.h"
+
+namespace moec::runtime::cuda::routing {
+
+namespace {
+
+/// y[p] = x[token of the copy at row p].
+__global__ void dispatchKernel(FloatIn x, const int32_t *perm, int64_t topK, int64_t features,
+                               FloatOut y) {
+  int64_t p = blockIdx.x, t = perm[p] / topK;
+  for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
+    y.store(p * features + d, x[t * features + d]);
+}
+
+/// dx[t] = Σ_j dy[row(t, j)], in slot order.
+__global__ void dispatchBackwardKernel(FloatIn dy, const int32_t *rows, int64_t topK,
+                                       int64_t features, FloatOut dx) {
+  int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < topK; ++j)
+      sum = __fadd_rn(sum, dy[rows[t * topK + j] * features + d]);
+    dx.store(t * features + d, sum);
+  }
+}
+
+/// y[t] = Σ_j w[t, j] * out[row(t, j)], in slot order (f32, no contraction:
+/// the CPU's rounding).
+__global__ void combineKernel(FloatIn out, const int32_t *rows, FloatIn weights, int64_t topK,
+                              int64_t features, FloatOut y) {
+  int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < topK; ++j)
+      sum = __fadd_rn(sum, __fmul_rn(weights[t * topK + j], out[rows[t * topK + j] * features + d]));
+    y.store(t * features + d, sum);
+  }
+}
+
+__global__ void combineBackwardKernel(FloatIn out, const int32_t *rows, FloatIn weights,
+                                      FloatIn dy, int64_t topK, int64_t features, FloatOut dOut,
+                                      FloatOut dWeights) {
+  __shared__ double scratch[32];
+  int64_t t = blockIdx.x;
+  for (int64_t j = 0; j < topK; ++j) {
+    int64_t row = rows[t * topK + j];
+    float w = weights[t * topK + j];
+    double dot = 0;
+    for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
+      float g = dy[t * features + d];
+      if (dOut)
+        dOut.store(row * features + d, __fmul_rn(w, g));
+      if (dWeights)
+        dot += static_cast<double>(g) * out[row * features + d];
+    }
+    if (dWeights) { // uniform across the block
+      dot = blockReduce(dot, SumOp{}, scratch);
+      if (threadIdx.x == 0)
+        dWeights.store(t * topK + j, static_cast<float>(dot));
+    }
+  }
+}
+
+struct Combine {
+  int64_t tokens, topK, features;
+  const TensorRef *expertOutput, *indices, *weights;
+};
+
+Combine parseCombine(const KernelContext &ctx) {
+  const TensorRef &out = ctx.in(0), &indices = ctx.in(1), &weights = ctx.in(2);
+  expectFloat(ctx, out, "expert_output");
+  expectFloat(ctx, weights, "weights");
+  ctx.expectShape(indices, "indices", {-1, -1});
+  Combine c;
+  c.tokens = indices.dim(0);
+  c.topK = indices.dim(1);
+  ctx.expectShape(weights, "weights", {c.tokens, c.topK});
+  ctx.expectShape(out, "expert_output", {c.tokens * c.topK, -1});
+  c.features = out.dim(1);
+  expectIndices(ctx, indices);
+  c.expertOutput = &out;
+  c.indices = &indices;
+  c.weights = &weights;
+  return c;
+}
+
+} // namespace
+
+void dispatchForward(KernelContext &ctx) {
+  const TensorRef &input = ctx.in(0), &indices = ctx.in(1);
+  expectFloat(ctx, input, "input");
+  ctx.expectShape(input, "input", {-1, -1});
+  ctx.expectShape(indices, "indices", {input.dim(0), -1});
+  int64_t experts = ctx.attrInt("num_experts");
+  if (experts < 1)
+    ctx.fail("num_experts must be positive, got " + std::to_string(experts));
+  int64_t tokens = input.dim(0), topK = indices.dim(1), features = input.dim(1);
+  if (ctx.outputs.size() != 2)
+    ctx.fail("expected 2 outputs (tokens, counts), got " + std::to_string(ctx.outputs.size()));
+  expectFloat(ctx, ctx.out(0), "tokens");
+  ctx.expectShape(ctx.out(0), "tokens", {tokens * topK, features});
+  if (ctx.out(1).dtype != plan::I64)
+    ctx.fail("counts must be i64");
+  ctx.expectShape(ctx.out(1), "counts", {experts});
+  expectIndices(ctx, indices);
+  int64_t copies = tokens * topK;
+  DeviceBuffer perm(ctx, copies * sizeof(int32_t));
+  expertMajorOrder(ctx, indices, nullptr, perm.as<int32_t>(), ctx.out(1).i64(), experts);
+  if (copies == 0 || features == 0)
+    return;
+  dispatchKernel<<<static_cast<unsigned>(copies), 128, 0, streamOf(ctx)>>>(
+      floatIn(input), perm.as<int32_t>(), topK, features, floatOut(ctx.out(0)));
+  checkLaunch(ctx, "dispatch");
+}
+
+void dispatchBackward(KernelContext &ctx) {
+  const TensorRef &input = ctx.in(0), &indices = ctx.in(1);
+  ctx.expectShape(input, "input", {-1, -1});
+  ctx.expectShape(indices, "indices", {input.dim(0), -1});
+  ctx.attrInt("num_experts"); // required, as on the CPU
+  std::vector<const TensorRef *> grads = gradOutputs(ctx, 2, {{1, "indices are integers"}});
+  const TensorRef *dTokens = resultGrad(ctx, 0);
+  if (!grads[0] || !dTokens)
+    return;
+  int64_t tokens = input.dim(0), topK = indices.dim(1), features = input.dim(1);
+  expectFloat(ctx, *dTokens, "gradient of tokens");
+  ctx.expectShape(*dTokens, "gradient of tokens", {tokens * topK, features});
+  expectIndices(ctx, indices);
+  int64_t copies = tokens * topK;
+  if (copies == 0 || features == 0)
+    return;
+  DeviceBuffer rows(ctx, copies * sizeof(int32_t));
+  expertMajorOrder(ctx, indices, rows.as<int32_t>(), nullptr);
+  dispatchBackwardKernel<<<static_cast<unsigned>(tokens), 128, 0, streamOf(ctx)>>>(
+      floatIn(*dTokens), rows.as<int32_t>(), topK, features, floatOut(*grads[0]));
+  checkLaunch(ctx, "dispatch.backward");
+}
+
+void combineForward(KernelContext &ctx) {
+  Combine c = parseCombine(ctx);
+  expectFloat(ctx, ctx.out(0), "result");
+  ctx.expectShape(ctx.out(0), "result", {c.tokens, c.features});
+  if (c.tokens == 0 || c.features == 0)
+    return;
+  int64_t copies = c.tokens * c.topK;
+  DeviceBuffer rows(ctx, copies * sizeof(int32_t));
+  expertMajorOrder(ctx, *c.indices, rows.as<int32_t>(), nullptr);
+  combineKernel<<<static_cast<unsigned>(c.tokens), 128, 0, streamOf(ctx)>>>(
+      floatIn(*c.expertOutput), rows.as<int32_t>(), floatIn(*c.weights), c.topK, c.features,
+      floatOut(ctx.out(0)));
+  checkLaunch(ctx, "combine");
+}
+
+void combineBackward(KernelContext &ctx) {
+  Combine c = parseCombine(ctx);
+  std::vector<const TensorRef *> grads = gradOutputs(ctx, 3, {{1, "indices are integers"}});
+  const TensorRef *dResult = resultGrad(ctx, 0);
+  if (!dResult)
+    return;
+  expectFloat(ctx, *dResult, "gradient of result");
+  ctx.expectShape(*dResult, "gradient of result", {c.tokens, c.features});
+  FloatOut dOut = grads[0] ? floatOut(*grads[0]) : FloatOut{};
+  FloatOut dWeights = grads[2] ? floatOut(*grads[2]) : FloatOut{};
+  if (c.tokens == 0 || c.topK == 0 || (!dOut && !dWeights))
+    return;
+  int64_t copies = c.tokens * c.topK;
+  DeviceBuffer rows(ctx, copies * sizeof(int32_t));
+  expertMajorOrder(ctx, *c.indices, rows.as<int32_t>(), nullptr);
+  combineBackwardKernel<<<static_cast<unsigned>(c.tokens), 128, 0, streamOf(ctx)>>>(
+      floatIn(*c.expertOutput), rows.as<int32_t>(), floatIn(*c.weights), floatIn(*dResult), c.topK,
+      c.features, dOut, dWeights);
+  checkLaunch(ctx, "combine.backward");
+}
+
+} // namespace moec::runtime::cuda::routing

@@ -1,0 +1,684 @@
+//===- ExpertMlp.cu - every expert's MLP over its rows, and the backward --===//
+//
+// The twin of cpu/routing/ExpertMlp.cpp (read its header for the variants:
+// gated silu / relu2, ungated, gpt-oss fused interleaved clamped SwiGLU with
+// in_out_layout and biases, expert LoRA on gate / up / down).
+//
+// Grouping: the launch copies `counts` to the host and synchronises the
+// stream ONCE (cudaMemcpyAsync + cudaStreamSynchronize) so that it can check
+// them like the CPU does (non-negative, adding up to the rows) and issue one
+// cuBLAS GEMM per expert and projection over that expert's rows (experts with
+// no rows are skipped; their weight gradients stay zero). A device-side
+// grouped GEMM reading the offsets would avoid the synchronisation; this is
+// the simple, obviously-correct version.
+//
+// Precision: GEMMs accumulate in f32. The pre-activations (p, g), the down
+// projection's output and the gradients of h and of the tokens are f32
+// scratch; the GEMM operands that are activations (h, the LoRA products z,
+// dp, dg, dz) are kept in the storage type of the tokens (what a bf16 model
+// holds). Biases are added and activations computed in f32 / double like the
+// CPU. Weights whose dtype differs from the tokens' are converted first.
+// Element-wise kernels: grid-stride loops; per-expert bias gradients: one
+// thread per (expert, column), rows summed in order in double (deterministic,
+// no atomics).
+//
+//===----------------------------------------------------------------------===//
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/cuda/CudaGemm.h"
+#include "runtime/kernels/cuda/routing/RoutingCommon.cuh"
+#include "runtime/kernels/cuda/routing/RoutingKernels.h"
+
+namespace moec::runtime::cuda::routing {
+
+namespace {
+
+enum Operand {
+  Tokens,
+  Counts,
+  Up,
+  Down,
+  Gate,
+  UpBias,
+  DownBias,
+  GateLoraA,
+  GateLoraB,
+  UpLoraA,
+  UpLoraB,
+  DownLoraA,
+  DownLoraB,
+  NumOperands
+};
+
+enum Act : int { Silu = 0, Relu2 = 1, ClampedSwiglu = 2 };
+
+/// gpt-oss's fixed sigmoid slope in clamped SwiGLU.
+constexpr double kSwigluAlpha = 1.702;
+
+struct Lora {
+  const TensorRef *a = nullptr, *b = nullptr;
+  int64_t rank = 0;
+  explicit operator bool() const { return a != nullptr; }
+};
+
+struct Experts {
+  int64_t rows = 0, features = 0, experts = 0, inter = 0, upOut = 0;
+  bool fused = false, inOut = false, gated = false;
+  Act act = Silu;
+  double limit = 0, loraScale = 0;
+  const TensorRef *x = nullptr, *up = nullptr, *down = nullptr, *gate = nullptr;
+  const TensorRef *upBias = nullptr, *downBias = nullptr, *counts = nullptr;
+  Lora gateLora, upLora, downLora;
+  std::vector<int64_t> offset; // E + 1 row offsets (host)
+
+  int64_t count(int64_t e) const { return offset[e + 1] - offset[e]; }
+};
+
+OperandGroups expertOperands(const KernelContext &ctx) {
+  std::vector<bool> optional(NumOperands, true);
+  optional[Tokens] = optional[Counts] = optional[Up] = optional[Down] = false;
+  return operandGroups(ctx, optional);
+}
+
+/// The counts on the host: the launch's one synchronisation.
+std::vector<int64_t> readCounts(const KernelContext &ctx, const TensorRef &counts) {
+  int64_t n = counts.numel();
+  std::vector<int64_t> host(n);
+  cudaStream_t stream = streamOf(ctx);
+  cudaError_t error = cudaSuccess;
+  if (n > 0) {
+    if (counts.dtype == plan::I64) {
+      error = cudaMemcpyAsync(host.data(), counts.data, n * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                              stream);
+      if (error == cudaSuccess)
+        error = cudaStreamSynchronize(stream);
+    } else {
+      std::vector<int32_t> narrow(n);
+      error = cudaMemcpyAsync(narrow.data(), counts.data, n * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, stream);
+      if (error == cudaSuccess)
+        error = cudaStreamSynchronize(stream);
+      std::copy(narrow.begin(), narrow.end(), host.begin());
+    }
+  }
+  if (error != cudaSuccess)
+    ctx.fail(std::string("cannot read counts: ") + cudaGetErrorString(error));
+  return host;
+}
+
+Experts parseExperts(const KernelContext &ctx, const OperandGroups &ops) {
+  Experts m;
+  const TensorRef &x = *ops.get(ctx, Tokens), &counts = *ops.get(ctx, Counts);
+  const TensorRef &up = *ops.get(ctx, Up), &down = *ops.get(ctx, Down);
+  expectFloat(ctx, x, "tokens");
+  expectFloat(ctx, up, "up");
+  expectFloat(ctx, down, "down");
+  ctx.expectShape(x, "tokens", {-1, -1});
+  m.rows = x.dim(0);
+  m.features = x.dim(1);
+  m.fused = ctx.attrBool("fused_gate_up");
+  m.inOut = ctx.attrBool("in_out_layout");
+  ctx.expectShape(up, "up", {-1, -1, -1});
+  m.experts = up.dim(0);
+  // Per expert [out, in], or [in, out] with in_out_layout.
+  auto layout = [&](int64_t out, int64_t in) {
+    return m.inOut ? std::vector<int64_t>{m.experts, in, out}
+                   : std::vector<int64_t>{m.experts, out, in};
+  };
+  m.upOut = up.dim(m.inOut ? 2 : 1);
+  ctx.expectShape(up, "up", layout(m.upOut, m.features));
+  if (m.fused && m.upOut % 2 != 0)
+    ctx.fail("fused_gate_up needs an even number of up outputs (gate and up interleaved), got " +
+             std::to_string(m.upOut));
+  m.inter = m.fused ? m.upOut / 2 : m.upOut;
+  ctx.expectShape(down, "down", layout(m.features, m.inter));
+  m.x = &x;
+  m.up = &up;
+  m.down = &down;
+  if (const TensorRef *gate = ops.get(ctx, Gate)) {
+    if (m.fused)
+      ctx.fail("a separate gate operand cannot be combined with fused_gate_up");
+    expectFloat(ctx, *gate, "gate");
+    ctx.expectShape(*gate, "gate", layout(m.inter, m.features));
+    m.gate = gate;
+  }
+  m.gated = m.gate || m.fused;
+  auto bias = [&](Operand group, const char *what, int64_t size) -> const TensorRef * {
+    const TensorRef *b = ops.get(ctx, group);
+    if (!b)
+      return nullptr;
+    expectFloat(ctx, *b, what);
+    if (b->numel() != m.experts * size)
+      ctx.fail(std::string(what) + " has " + std::to_string(b->numel()) + " elements, expected " +
+               std::to_string(m.experts * size));
+    return b;
+  };
+  m.upBias = bias(UpBias, "up_bias", m.upOut);
+  m.downBias = bias(DownBias, "down_bias", m.features);
+
+  auto lora = [&](Operand aGroup, const char *name, int64_t in, int64_t out) {
+    Lora l;
+    const TensorRef *a = ops.get(ctx, aGroup), *b = ops.get(ctx, aGroup + 1);
+    if (!a && !b)
+      return l;
+    std::string what(name);
+    if (!a || !b)
+      ctx.fail(what + " needs both its A and B factors");
+    if (m.fused || m.inOut)
+      ctx.fail("expert LoRA needs separate [out, in] expert weights, not fused_gate_up or "
+               "in_out_layout");
+    expectFloat(ctx, *a, (what + " A").c_str());
+    expectFloat(ctx, *b, (what + " B").c_str());
+    ctx.expectShape(*a, (what + " A").c_str(), {m.experts, -1, in});
+    l.rank = a->dim(1);
+    ctx.expectShape(*b, (what + " B").c_str(), {m.experts, out, l.rank});
+    l.a = a;
+    l.b = b;
+    return l;
+  };
+  m.gateLora = lora(GateLoraA, "gate_lora", m.features, m.inter);
+  m.upLora = lora(UpLoraA, "up_lora", m.features, m.inter);
+  m.downLora = lora(DownLoraA, "down_lora", m.inter, m.features);
+  if (m.gateLora && !m.gate)
+    ctx.fail("gate_lora needs a gate projection");
+  if (m.gateLora || m.upLora || m.downLora)
+    m.loraScale = ctx.attrFloat("lora_scale");
+
+  std::string act = ctx.attrString("activation");
+  if (act == "silu") {
+    m.act = Silu;
+  } else if (act == "relu2") {
+    m.act = Relu2;
+  } else if (act == "clamped_swiglu") {
+    m.act = ClampedSwiglu;
+    if (!m.gated)
+      ctx.fail("clamped_swiglu needs a gate (fused_gate_up or a gate operand)");
+    m.limit = ctx.attrFloat("limit");
+  } else {
+    ctx.fail("unsupported expert activation '" + act + "' (silu, relu2 or clamped_swiglu)");
+  }
+
+  if (counts.dtype != plan::I64 && counts.dtype != plan::I32)
+    ctx.fail("counts must be i64 (or i32)");
+  ctx.expectShape(counts, "counts", {m.experts});
+  m.counts = &counts;
+  std::vector<int64_t> host = readCounts(ctx, counts);
+  m.offset.assign(m.experts + 1, 0);
+  for (int64_t e = 0; e < m.experts; ++e) {
+    if (host[e] < 0)
+      ctx.fail("counts[" + std::to_string(e) + "] is negative");
+    m.offset[e + 1] = m.offset[e] + host[e];
+  }
+  if (m.offset[m.experts] != m.rows)
+    ctx.fail("counts add up to " + std::to_string(m.offset[m.experts]) + " rows, tokens has " +
+             std::to_string(m.rows));
+  return m;
+}
+
+/// The float operands in the tokens' storage type (the GEMMs' common type),
+/// converted where a weight has another dtype.
+struct Operands {
+  plan::DType type = plan::F32;
+  const void *x = nullptr, *up = nullptr, *down = nullptr, *gate = nullptr;
+  const void *gateA = nullptr, *gateB = nullptr, *upA = nullptr, *upB = nullptr;
+  const void *downA = nullptr, *downB = nullptr;
+  DeviceBuffer holders[9];
+};
+
+void loadOperands(const KernelContext &ctx, const Experts &m, Operands &s) {
+  s.type = m.x->dtype;
+  s.x = m.x->data;
+  auto as = [&](const TensorRef *t, DeviceBuffer &holder) -> const void * {
+    return t ? asDtype(ctx, *t, s.type, holder) : nullptr;
+  };
+  s.up = as(m.up, s.holders[0]);
+  s.down = as(m.down, s.holders[1]);
+  s.gate = as(m.gate, s.holders[2]);
+  s.gateA = as(m.gateLora.a, s.holders[3]);
+  s.gateB = as(m.gateLora.b, s.holders[4]);
+  s.upA = as(m.upLora.a, s.holders[5]);
+  s.upB = as(m.upLora.b, s.holders[6]);
+  s.downA = as(m.downLora.a, s.holders[7]);
+  s.downB = as(m.downLora.b, s.holders[8]);
+}
+
+__global__ void offsetsKernel(IndexIn counts, int64_t experts, int64_t *offsets) {
+  int64_t sum = 0;
+  offsets[0] = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t c = counts[e];
+    sum += c > 0 ? c : 0;
+    offsets[e + 1] = sum;
+  }
+}
+
+/// The E + 1 row offsets on the device (from the device counts).
+DeviceBuffer deviceOffsets(const KernelContext &ctx, const Experts &m) {
+  DeviceBuffer offsets(ctx, (m.experts + 1) * sizeof(int64_t));
+  offsetsKernel<<<1, 1, 0, streamOf(ctx)>>>(indexIn(*m.counts), m.experts, offsets.as<int64_t>());
+  checkLaunch(ctx, "expert_mlp: offsets");
+  return offsets;
+}
+
+/// One expert's rows: x [n, in] times one projection of expert e into
+/// y [n, out] (y = beta * y + x W_eᵀ, or x W_e with in_out_layout).
+void project(const KernelContext &ctx, const Experts &m, plan::DType type, const void *x,
+             int64_t n, int64_t in, const void *w, int64_t e, int64_t out, float beta, void *y,
+             plan::DType yType) {
+  const void *we = advance(w, type, e * in * out);
+  gemm(ctx, false, !m.inOut, n, out, in, 1.0f, x, in, we, m.inOut ? out : in, type, beta, y, out,
+       yType);
+}
+
+/// y [n, out] (f32) += scale * (x A_eᵀ) B_eᵀ; z [n, r] (storage type) keeps x A_eᵀ.
+void addLora(const KernelContext &ctx, const Experts &m, plan::DType type, const void *a,
+             const void *b, int64_t rank, const void *x, int64_t n, int64_t in, int64_t e,
+             int64_t out, void *z, float *y) {
+  gemm(ctx, false, true, n, rank, in, 1.0f, x, in, advance(a, type, e * rank * in), in, type, 0.0f,
+       z, rank, type);
+  gemm(ctx, false, true, n, out, rank, static_cast<float>(m.loraScale), z, rank,
+       advance(b, type, e * out * rank), rank, type, 1.0f, y, out, plan::F32);
+}
+
+/// y[row, c] += bias[expert of row, c] (f32 add, as the CPU).
+__global__ void addBiasKernel(float *y, int64_t width, FloatIn bias, const int64_t *offsets,
+                              int64_t experts) {
+  int64_t row = blockIdx.x, e = expertOfRow(offsets, experts, row);
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
+    y[row * width + c] = __fadd_rn(y[row * width + c], bias[e * width + c]);
+}
+
+void addBias(const KernelContext &ctx, const Experts &m, float *y, int64_t width,
+             const TensorRef &bias, const int64_t *offsets) {
+  if (m.rows == 0 || width == 0)
+    return;
+  addBiasKernel<<<static_cast<unsigned>(m.rows), 128, 0, streamOf(ctx)>>>(
+      y, width, floatIn(bias), offsets, m.experts);
+  checkLaunch(ctx, "expert_mlp: bias");
+}
+
+/// What the activation kernels need.
+struct ActParams {
+  int64_t rows = 0, inter = 0, upOut = 0;
+  bool fused = false, gated = false;
+  int act = Silu;
+  double limit = 0;
+};
+
+ActParams actParams(const Experts &m) {
+  ActParams a;
+  a.rows = m.rows;
+  a.inter = m.inter;
+  a.upOut = m.upOut;
+  a.fused = m.fused;
+  a.gated = m.gated;
+  a.act = m.act;
+  a.limit = m.limit;
+  return a;
+}
+
+__device__ __forceinline__ double sigmoidD(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+/// The ungated activation f, or the gated one's f(gate).
+__device__ __forceinline__ double unary(int act, double v) {
+  if (act == Silu)
+    return v * sigmoidD(v);
+  double r = v > 0 ? v : 0.0; // relu2
+  return r * r;
+}
+
+__device__ __forceinline__ double unaryGrad(int act, double v) {
+  if (act == Silu) {
+    double s = sigmoidD(v);
+    return s * (1.0 + v * (1.0 - s));
+  }
+  return v > 0 ? 2.0 * v : 0.0; // relu2
+}
+
+/// Row i, column c's gate and up pre-activations (interleaved when fused).
+__device__ __forceinline__ double gateAt(const ActParams &a, const float *p, const float *g,
+                                         int64_t i, int64_t c) {
+  return a.fused ? p[i * a.upOut + 2 * c] : g[i * a.inter + c];
+}
+__device__ __forceinline__ double upAt(const ActParams &a, const float *p, int64_t i, int64_t c) {
+  return a.fused ? p[i * a.upOut + 2 * c + 1] : p[i * a.upOut + c];
+}
+
+/// h [R, inter] = act(gate, up).
+__global__ void activateKernel(ActParams a, const float *p, const float *g, FloatOut h) {
+  int64_t total = a.rows * a.inter;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i = k / a.inter, c = k % a.inter;
+    double u = upAt(a, p, i, c), out;
+    if (!a.gated) {
+      out = unary(a.act, u);
+    } else if (a.act == ClampedSwiglu) {
+      double gc = fmin(gateAt(a, p, g, i, c), a.limit);
+      u = fmin(fmax(u, -a.limit), a.limit);
+      out = (u + 1.0) * gc * sigmoidD(kSwigluAlpha * gc);
+    } else {
+      out = unary(a.act, gateAt(a, p, g, i, c)) * u;
+    }
+    h.store(k, static_cast<float>(out));
+  }
+}
+
+/// From dh [R, inter]: dp [R, upOut] (interleaved like p when fused) and
+/// dg [R, inter] for a separate gate. Clamp masks follow torch.clamp (the
+/// gradient passes where the input lies within the bounds, ends included).
+__global__ void activationGradKernel(ActParams a, const float *p, const float *g,
+                                     const float *dh, FloatOut dp, FloatOut dg) {
+  int64_t total = a.rows * a.inter;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i = k / a.inter, c = k % a.inter;
+    double u = upAt(a, p, i, c), d = dh[k], dGate = 0, dUp;
+    if (!a.gated) {
+      dUp = d * unaryGrad(a.act, u);
+    } else if (a.act == ClampedSwiglu) {
+      double gv = gateAt(a, p, g, i, c);
+      double gc = fmin(gv, a.limit), uc = fmin(fmax(u, -a.limit), a.limit);
+      double s = sigmoidD(kSwigluAlpha * gc), glu = gc * s;
+      double dGlu = s + kSwigluAlpha * gc * s * (1.0 - s);
+      dGate = gv <= a.limit ? d * (uc + 1.0) * dGlu : 0.0;
+      dUp = u >= -a.limit && u <= a.limit ? d * glu : 0.0;
+    } else {
+      double gv = gateAt(a, p, g, i, c);
+      dGate = d * u * unaryGrad(a.act, gv);
+      dUp = d * unary(a.act, gv);
+    }
+    if (a.fused) {
+      dp.store(i * a.upOut + 2 * c, static_cast<float>(dGate));
+      dp.store(i * a.upOut + 2 * c + 1, static_cast<float>(dUp));
+    } else {
+      dp.store(i * a.upOut + c, static_cast<float>(dUp));
+      if (dg)
+        dg.store(i * a.inter + c, static_cast<float>(dGate));
+    }
+  }
+}
+
+unsigned gridFor(int64_t n) { return std::min<unsigned>(blocksFor(n, kThreads), 1u << 20); }
+
+/// db[e, c] = Σ over expert e's rows of dy[row, c] (in row order, double);
+/// zero for an expert without rows.
+__global__ void biasGradKernel(FloatIn dy, const int64_t *offsets, int64_t experts, int64_t width,
+                               FloatOut db) {
+  int64_t total = experts * width;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t e = k / width, c = k % width;
+    double sum = 0;
+    for (int64_t row = offsets[e]; row < offsets[e + 1]; ++row)
+      sum += dy[row * width + c];
+    db.store(k, static_cast<float>(sum));
+  }
+}
+
+void biasGrad(const KernelContext &ctx, const Experts &m, FloatIn dy, int64_t width,
+              const TensorRef &db, const int64_t *offsets) {
+  if (m.experts * width == 0)
+    return;
+  biasGradKernel<<<gridFor(m.experts * width), kThreads, 0, streamOf(ctx)>>>(
+      dy, offsets, m.experts, width, floatOut(db));
+  checkLaunch(ctx, "expert_mlp.backward: bias gradient");
+}
+
+/// Scratch of the forward pass (also recomputed by the backward).
+struct Forward {
+  DeviceBuffer p, g, h, zUp, zGate;
+};
+
+/// p [R, upOut] and g [R, inter] (f32: projections, up bias, LoRA, in the
+/// CPU's order), zUp / zGate (LoRA products x Aᵀ), h [R, inter] (storage type).
+void forwardActivations(const KernelContext &ctx, const Experts &m, const Operands &s,
+                        const int64_t *offsets, Forward &f) {
+  plan::DType type = s.type;
+  int64_t R = m.rows, D = m.features, I = m.inter, U = m.upOut;
+  f.p = DeviceBuffer(ctx, plan::F32, R * U);
+  if (m.gate)
+    f.g = DeviceBuffer(ctx, plan::F32, R * I);
+  f.h = DeviceBuffer(ctx, type, R * I);
+  if (m.upLora)
+    f.zUp = DeviceBuffer(ctx, type, R * m.upLora.rank);
+  if (m.gateLora)
+    f.zGate = DeviceBuffer(ctx, type, R * m.gateLora.rank);
+  for (int64_t e = 0; e < m.experts; ++e) {
+    int64_t n = m.count(e), first = m.offset[e];
+    if (n == 0)
+      continue;
+    const void *x = advance(s.x, type, first * D);
+    project(ctx, m, type, x, n, D, s.up, e, U, 0.0f, f.p.as<float>() + first * U, plan::F32);
+    if (m.gate)
+      project(ctx, m, type, x, n, D, s.gate, e, I, 0.0f, f.g.as<float>() + first * I, plan::F32);
+  }
+  if (m.upBias)
+    addBias(ctx, m, f.p.as<float>(), U, *m.upBias, offsets);
+  if (m.upLora || m.gateLora)
+    for (int64_t e = 0; e < m.experts; ++e) {
+      int64_t n = m.count(e), first = m.offset[e];
+      if (n == 0)
+        continue;
+      const void *x = advance(s.x, type, first * D);
+      if (m.upLora)
+        addLora(ctx, m, type, s.upA, s.upB, m.upLora.rank, x, n, D, e, I,
+                advance(f.zUp.get(), type, first * m.upLora.rank), f.p.as<float>() + first * U);
+      if (m.gateLora)
+        addLora(ctx, m, type, s.gateA, s.gateB, m.gateLora.rank, x, n, D, e, I,
+                advance(f.zGate.get(), type, first * m.gateLora.rank),
+                f.g.as<float>() + first * I);
+    }
+  if (R * I > 0) {
+    activateKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
+        actParams(m), f.p.as<float>(), f.g.as<float>(), floatOut(f.h.get(), type));
+    checkLaunch(ctx, "expert_mlp: activation");
+  }
+}
+
+/// Where one projection's gradients go.
+struct ProjectionGrad {
+  GemmTarget *dW = nullptr, *dA = nullptr, *dB = nullptr;
+};
+
+/// Backward of one projection y = x W_eᵀ (+ LoRA) of expert e's n rows: dW_e,
+/// the LoRA factors' gradients, and dx = dxBeta * dx + dy W_e (+ LoRA path),
+/// dx in f32. x, dy, z, dz in the storage type.
+void projectionBackward(const KernelContext &ctx, const Experts &m, plan::DType type,
+                        const void *w, const Lora &l, const void *la, const void *lb,
+                        const ProjectionGrad &grad, const void *x, const void *dy, const void *z,
+                        int64_t e, int64_t n, int64_t in, int64_t out, void *dz, float *dx,
+                        float dxBeta) {
+  if (grad.dW) {
+    GemmTarget &t = *grad.dW;
+    if (m.inOut) // dW_e [in, out] = xᵀ dy
+      gemm(ctx, true, false, in, out, n, 1.0f, x, in, dy, out, type, 0.0f, t.at(e * in * out), out,
+           t.dtype());
+    else // dW_e [out, in] = dyᵀ x
+      gemm(ctx, true, false, out, in, n, 1.0f, dy, out, x, in, type, 0.0f, t.at(e * in * out), in,
+           t.dtype());
+  }
+  if (dx) {
+    const void *we = advance(w, type, e * in * out);
+    gemm(ctx, false, m.inOut, n, in, out, 1.0f, dy, out, we, m.inOut ? out : in, type, dxBeta, dx,
+         in, plan::F32);
+  }
+  if (!l)
+    return;
+  float scale = static_cast<float>(m.loraScale);
+  int64_t r = l.rank;
+  // y += scale z B_eᵀ with z = x A_eᵀ.
+  if (grad.dB)
+    gemm(ctx, true, false, out, r, n, scale, dy, out, z, r, type, 0.0f, grad.dB->at(e * out * r),
+         r, grad.dB->dtype());
+  if (!grad.dA && !dx)
+    return;
+  gemm(ctx, false, false, n, r, out, scale, dy, out, advance(lb, type, e * out * r), r, type, 0.0f,
+       dz, r, type);
+  if (grad.dA)
+    gemm(ctx, true, false, r, in, n, 1.0f, dz, r, x, in, type, 0.0f, grad.dA->at(e * r * in), in,
+         grad.dA->dtype());
+  if (dx)
+    gemm(ctx, false, false, n, in, r, 1.0f, dz, r, advance(la, type, e * r * in), in, type, 1.0f,
+         dx, in, plan::F32);
+}
+
+} // namespace
+
+void expertMlpForward(KernelContext &ctx) {
+  OperandGroups ops = expertOperands(ctx);
+  Experts m = parseExperts(ctx, ops);
+  const TensorRef &result = ctx.out(0);
+  expectFloat(ctx, result, "result");
+  ctx.expectShape(result, "result", {m.rows, m.features});
+  if (m.rows == 0 || m.features == 0)
+    return;
+  Operands s;
+  loadOperands(ctx, m, s);
+  plan::DType type = s.type;
+  int64_t R = m.rows, D = m.features, I = m.inter;
+  DeviceBuffer offsets = deviceOffsets(ctx, m);
+  Forward f;
+  forwardActivations(ctx, m, s, offsets.as<int64_t>(), f);
+
+  // y (f32): the result itself when it is f32, else scratch converted at the end.
+  DeviceBuffer yScratch;
+  float *y = result.dtype == plan::F32 ? static_cast<float *>(result.data) : nullptr;
+  if (!y) {
+    yScratch = DeviceBuffer(ctx, plan::F32, R * D);
+    y = yScratch.as<float>();
+  }
+  for (int64_t e = 0; e < m.experts; ++e) {
+    int64_t n = m.count(e), first = m.offset[e];
+    if (n == 0)
+      continue;
+    project(ctx, m, type, advance(f.h.get(), type, first * I), n, I, s.down, e, D, 0.0f,
+            y + first * D, plan::F32);
+  }
+  if (m.downBias)
+    addBias(ctx, m, y, D, *m.downBias, offsets.as<int64_t>());
+  if (m.downLora) {
+    DeviceBuffer z(ctx, type, R * m.downLora.rank);
+    for (int64_t e = 0; e < m.experts; ++e) {
+      int64_t n = m.count(e), first = m.offset[e];
+      if (n == 0)
+        continue;
+      addLora(ctx, m, type, s.downA, s.downB, m.downLora.rank, advance(f.h.get(), type, first * I),
+              n, I, e, D, advance(z.get(), type, first * m.downLora.rank), y + first * D);
+    }
+  }
+  if (yScratch.get())
+    convertFloats(ctx, y, plan::F32, result.data, result.dtype, R * D);
+}
+
+void expertMlpBackward(KernelContext &ctx) {
+  OperandGroups ops = expertOperands(ctx);
+  Experts m = parseExperts(ctx, ops);
+  std::vector<const TensorRef *> byOperand =
+      gradOutputs(ctx, ops.present, {{ops.input[Counts], "counts are integers"}});
+  auto grad = [&](Operand group) { return ops.has(group) ? byOperand[ops.input[group]] : nullptr; };
+  const TensorRef *dResult = resultGrad(ctx, 0);
+  if (!dResult)
+    return;
+  expectFloat(ctx, *dResult, "gradient of result");
+  ctx.expectShape(*dResult, "gradient of result", {m.rows, m.features});
+  if (m.rows == 0)
+    return;
+  Operands s;
+  loadOperands(ctx, m, s);
+  plan::DType type = s.type;
+  int64_t R = m.rows, D = m.features, I = m.inter, U = m.upOut;
+  DeviceBuffer offsets = deviceOffsets(ctx, m);
+  const int64_t *off = offsets.as<int64_t>();
+  DeviceBuffer dyHolder;
+  const void *dy = asDtype(ctx, *dResult, type, dyHolder);
+
+  GemmTarget dUp(ctx, grad(Up), type), dGate(ctx, grad(Gate), type), dDown(ctx, grad(Down), type);
+  GemmTarget dUpA(ctx, grad(UpLoraA), type), dUpB(ctx, grad(UpLoraB), type);
+  GemmTarget dGateA(ctx, grad(GateLoraA), type), dGateB(ctx, grad(GateLoraB), type);
+  GemmTarget dDownA(ctx, grad(DownLoraA), type), dDownB(ctx, grad(DownLoraB), type);
+  auto target = [](GemmTarget &t) { return t ? &t : nullptr; };
+  ProjectionGrad upGrad{target(dUp), target(dUpA), target(dUpB)};
+  ProjectionGrad gateGrad{target(dGate), target(dGateA), target(dGateB)};
+  ProjectionGrad downGrad{target(dDown), target(dDownA), target(dDownB)};
+  const TensorRef *dUpBias = grad(UpBias), *dDownBias = grad(DownBias), *dTokens = grad(Tokens);
+
+  // dx accumulates (up, gate, LoRA paths): f32, the output itself when f32.
+  DeviceBuffer dxScratch;
+  float *dx = nullptr;
+  if (dTokens) {
+    if (dTokens->dtype == plan::F32) {
+      dx = static_cast<float *>(dTokens->data);
+    } else {
+      dxScratch = DeviceBuffer(ctx, plan::F32, R * D);
+      dx = dxScratch.as<float>();
+    }
+  }
+
+  // Recompute the forward's activations.
+  Forward f;
+  forwardActivations(ctx, m, s, off, f);
+  DeviceBuffer zDown;
+  if (m.downLora) { // z = h A_downᵀ, as the forward computed it
+    zDown = DeviceBuffer(ctx, type, R * m.downLora.rank);
+    for (int64_t e = 0; e < m.experts; ++e) {
+      int64_t n = m.count(e), first = m.offset[e];
+      if (n == 0)
+        continue;
+      gemm(ctx, false, true, n, m.downLora.rank, I, 1.0f, advance(f.h.get(), type, first * I), I,
+           advance(s.downA, type, e * m.downLora.rank * I), I, type, 0.0f,
+           advance(zDown.get(), type, first * m.downLora.rank), m.downLora.rank, type);
+    }
+  }
+  int64_t maxRank = std::max({m.gateLora.rank, m.upLora.rank, m.downLora.rank});
+  DeviceBuffer dz(ctx, type, R * maxRank);
+  DeviceBuffer dh(ctx, plan::F32, R * I), dp(ctx, type, R * U);
+  DeviceBuffer dg;
+  if (m.gate)
+    dg = DeviceBuffer(ctx, type, R * I);
+
+  if (dDownBias)
+    biasGrad(ctx, m, floatIn(*dResult), D, *dDownBias, off);
+  for (int64_t e = 0; e < m.experts; ++e) {
+    int64_t n = m.count(e), first = m.offset[e];
+    if (n == 0)
+      continue;
+    projectionBackward(ctx, m, type, s.down, m.downLora, s.downA, s.downB, downGrad,
+                       advance(f.h.get(), type, first * I), advance(dy, type, first * D),
+                       advance(zDown.get(), type, first * m.downLora.rank), e, n, I, D, dz.get(),
+                       dh.as<float>() + first * I, 0.0f);
+  }
+  if (R * I > 0) {
+    activationGradKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
+        actParams(m), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),
+        m.gate ? floatOut(dg.get(), type) : FloatOut{});
+    checkLaunch(ctx, "expert_mlp.backward: activation");
+  }
+  if (dUpBias)
+    biasGrad(ctx, m, floatIn(dp.get(), type), U, *dUpBias, off);
+  for (int64_t e = 0; e < m.experts; ++e) {
+    int64_t n = m.count(e), first = m.offset[e];
+    if (n == 0)
+      continue;
+    const void *x = advance(s.x, type, first * D);
+    float *dxe = dx ? dx + first * D : nullptr;
+    projectionBackward(ctx, m, type, s.up, m.upLora, s.upA, s.upB, upGrad, x,
+                       advance(dp.get(), type, first * U),
+                       advance(f.zUp.get(), type, first * m.upLora.rank), e, n, D, U, dz.get(), dxe,
+                       0.0f);
+    if (m.gate)
+      projectionBackward(ctx, m, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, x,
+                         advance(dg.get(), type, first * I),
+                         advance(f.zGate.get(), type, first * m.gateLora.rank), e, n, D, I,
+                         dz.get(), dxe, 1.0f);
+  }
+  for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
+    t->finish(ctx);
+  if (dxScratch.get())
+    convertFloats(ctx, dx, plan::F32, dTokens->data, dTokens->dtype, R * D);
+}
+
+} // namespace moec::runtime::cuda::routing

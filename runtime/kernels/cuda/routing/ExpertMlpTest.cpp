@@ -1,0 +1,297 @@
+//===- ExpertMlpTest.cpp - CUDA expert_mlp (and backward) against the CPU --===//
+//
+// The CPU test's variants (gated silu, relu2 and silu ungated, gpt-oss fused
+// interleaved clamped SwiGLU in both layouts with biases, expert LoRA on
+// every projection / some projections) on its small shapes (an expert with
+// no rows), then ragged loads over 8, 64 and 256 experts with odd sizes.
+// Backwards request every float operand's gradient, and some subsets.
+//
+//===----------------------------------------------------------------------===//
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "runtime/kernels/cuda/routing/RoutingCudaTestUtil.h"
+
+namespace moec::runtime::cuda::routing::testing {
+namespace {
+
+using cpu::routing::testing::ExpertCase;
+using cpu::routing::testing::expertCall;
+using cpu::routing::testing::registry;
+using cpu::routing::testing::tensorOf;
+using moec::runtime::testing::indexTensor;
+
+enum Group { Tokens, Counts, Up, Down, Gate, UpBias, DownBias, GateA, GateB, UpA, UpB, DownA, DownB };
+
+/// The CPU test's base case: 3 experts, the middle one without rows; odd sizes.
+ExpertCase baseCase(std::string activation, bool gated, uint64_t seed) {
+  ExpertCase c;
+  c.features = 5;
+  c.experts = 3;
+  c.inter = 4;
+  c.counts = {4, 0, 3};
+  c.activation = std::move(activation);
+  c.x = randomBf16(c.rows() * c.features, seed);
+  c.up = randomBf16(c.experts * c.inter * c.features, seed + 1, 0.7);
+  c.down = randomBf16(c.experts * c.features * c.inter, seed + 2, 0.7);
+  if (gated)
+    c.gate = randomBf16(c.experts * c.inter * c.features, seed + 3, 0.7);
+  return c;
+}
+
+/// Ragged loads: `counts` rows per expert, `features` in, `inter` hidden.
+ExpertCase raggedCase(std::string activation, bool gated, std::vector<int64_t> counts,
+                      int64_t features, int64_t inter, uint64_t seed) {
+  ExpertCase c;
+  c.features = features;
+  c.experts = static_cast<int64_t>(counts.size());
+  c.inter = inter;
+  c.counts = std::move(counts);
+  c.activation = std::move(activation);
+  double scale = 1.5 / std::sqrt(static_cast<double>(features));
+  c.x = randomBf16(c.rows() * c.features, seed);
+  c.up = randomBf16(c.experts * c.inter * c.features, seed + 1, scale);
+  c.down = randomBf16(c.experts * c.features * c.inter, seed + 2, scale);
+  if (gated)
+    c.gate = randomBf16(c.experts * c.inter * c.features, seed + 3, scale);
+  return c;
+}
+
+void addLora(ExpertCase &c, bool gate, bool up, bool down, uint64_t seed, int64_t rank = 2) {
+  c.rank = rank;
+  c.loraScale = 2.0;
+  int64_t e = c.experts, r = c.rank, d = c.features, n = c.inter;
+  if (gate) {
+    c.gateA = randomBf16(e * r * d, seed, 0.5);
+    c.gateB = randomBf16(e * n * r, seed + 1, 0.5);
+  }
+  if (up) {
+    c.upA = randomBf16(e * r * d, seed + 2, 0.5);
+    c.upB = randomBf16(e * n * r, seed + 3, 0.5);
+  }
+  if (down) {
+    c.downA = randomBf16(e * r * n, seed + 4, 0.5);
+    c.downB = randomBf16(e * d * r, seed + 5, 0.5);
+  }
+}
+
+/// gpt-oss: fused interleaved gate/up, biases, clamped SwiGLU with a limit
+/// that some pre-activations exceed (both clamps active).
+ExpertCase gptOssCase(bool inOut, std::vector<int64_t> counts, int64_t features, int64_t inter,
+                      uint64_t seed) {
+  ExpertCase c;
+  c.features = features;
+  c.experts = static_cast<int64_t>(counts.size());
+  c.inter = inter;
+  c.counts = std::move(counts);
+  c.activation = "clamped_swiglu";
+  c.fusedGateUp = true;
+  c.inOutLayout = inOut;
+  c.limit = 0.8;
+  double scale = std::sqrt(5.0 / static_cast<double>(features));
+  c.x = randomBf16(c.rows() * c.features, seed, 1.5);
+  c.up = randomBf16(c.experts * c.features * 2 * c.inter, seed + 1, scale);
+  c.down = randomBf16(c.experts * c.inter * c.features, seed + 2, 0.7 * scale);
+  c.upBias = randomBf16(c.experts * 2 * c.inter, seed + 3, 0.3);
+  c.downBias = randomBf16(c.experts * c.features, seed + 4, 0.3);
+  return c;
+}
+
+ExpertCase gptOssSmall(bool inOut, uint64_t seed) { return gptOssCase(inOut, {2, 4, 1}, 5, 3, seed); }
+
+/// Every up pre-activation's distance to a clamp (±limit): the gradient
+/// jumps there, so the GPU's and the CPU's (f32-close) pre-activations must
+/// lie on the same side.
+double clampMargin(const ExpertCase &c) {
+  if (c.activation != "clamped_swiglu")
+    return 1e30;
+  double margin = 1e30;
+  int64_t row = 0;
+  for (int64_t e = 0; e < c.experts; ++e)
+    for (int64_t i = 0; i < c.counts[e]; ++i, ++row) {
+      const double *x = c.x.data() + row * c.features;
+      for (int64_t o = 0; o < c.upOut(); ++o) {
+        double p = c.upBias.empty() ? 0.0 : c.upBias[e * c.upOut() + o];
+        for (int64_t d = 0; d < c.features; ++d)
+          p += x[d] * (c.inOutLayout ? c.up[(e * c.features + d) * c.upOut() + o]
+                                     : c.up[(e * c.upOut() + o) * c.features + d]);
+        margin = std::min({margin, std::abs(p - c.limit), std::abs(p + c.limit)});
+      }
+    }
+  return margin;
+}
+
+ExpertCase awayFromClamps(const std::function<ExpertCase(uint64_t)> &make, uint64_t seed) {
+  for (uint64_t s = seed; s < seed + 200000; s += 1000) {
+    ExpertCase c = make(s);
+    if (clampMargin(c) > 1e-4)
+      return c;
+  }
+  ADD_FAILURE() << "no inputs away from the clamps near seed " << seed;
+  return make(seed);
+}
+
+void expectForward(const ExpertCase &c) {
+  expectGpuMatchesCpu([&] { return expertCall(c); });
+}
+
+/// The backward for the gradients of `groups` (operand groups; default:
+/// every float operand present), the routing's output gradient random.
+void expectBackward(const ExpertCase &c, std::vector<int> groups = {}) {
+  std::vector<int64_t> operands;
+  expertCall(c, &operands);
+  if (groups.empty())
+    for (int g = 0; g < 13; ++g)
+      if (g != Counts && operands[g] >= 0)
+        groups.push_back(g);
+  std::vector<int64_t> wrt;
+  for (int g : groups) {
+    ASSERT_GE(operands[g], 0) << "operand group " << g << " is absent";
+    wrt.push_back(operands[g]);
+  }
+  expectGpuMatchesCpu([&] {
+    KernelCall forward = expertCall(c);
+    std::vector<OwnedTensor> grads{
+        tensorOf({c.rows(), c.features}, randomBf16(c.rows() * c.features, 77))};
+    return backwardCall(registry(), forward, wrt, {0}, grads);
+  });
+}
+
+void expectBoth(const ExpertCase &c) {
+  expectForward(c);
+  expectBackward(c);
+}
+
+/// Rows per expert of `tokens` tokens routed to `topK` of `experts` (skewed:
+/// many experts get nothing).
+std::vector<int64_t> routedCounts(int64_t tokens, int64_t topK, int64_t experts, uint64_t seed) {
+  std::vector<int64_t> counts(experts, 0);
+  for (int64_t e : skewedIndices(tokens, topK, experts, seed))
+    ++counts[e];
+  return counts;
+}
+
+// The CPU test's variants ------------------------------------------------------
+
+TEST(CudaExpertMlp, SiluGated) { expectBoth(baseCase("silu", true, 1)); }
+
+TEST(CudaExpertMlp, Relu2Ungated) { expectBoth(baseCase("relu2", false, 11)); }
+
+TEST(CudaExpertMlp, SiluUngated) { expectBoth(baseCase("silu", false, 21)); }
+
+TEST(CudaExpertMlp, GptOssFusedInOutClampedSwiglu) {
+  expectBoth(awayFromClamps([](uint64_t s) { return gptOssSmall(true, s); }, 31));
+}
+
+TEST(CudaExpertMlp, FusedOutInLayoutClampedSwiglu) {
+  expectBoth(awayFromClamps([](uint64_t s) { return gptOssSmall(false, s); }, 41));
+}
+
+TEST(CudaExpertMlp, SiluGatedWithLoraOnEveryProjection) {
+  ExpertCase c = baseCase("silu", true, 51);
+  addLora(c, true, true, true, 52);
+  expectBoth(c);
+}
+
+TEST(CudaExpertMlp, Relu2WithUpAndDownLora) {
+  ExpertCase c = baseCase("relu2", false, 61);
+  addLora(c, false, true, true, 62);
+  expectBoth(c);
+}
+
+TEST(CudaExpertMlp, SiluGatedWithGateLoraOnly) {
+  ExpertCase c = baseCase("silu", true, 71);
+  addLora(c, true, false, false, 72);
+  c.counts = {0, 5, 2};
+  expectBoth(c);
+}
+
+TEST(CudaExpertMlpBackward, OnlySomeGradientsRequested) {
+  ExpertCase c = baseCase("silu", true, 91);
+  addLora(c, false, true, false, 92);
+  expectBackward(c, {UpB, Tokens});
+  expectBackward(c, {Down, UpA});
+  expectBackward(c, {Tokens});
+}
+
+// Ragged loads over more experts ------------------------------------------------
+
+TEST(CudaExpertMlp, Ragged8ExpertsSiluGatedWithLora) {
+  ExpertCase c = raggedCase("silu", true, {17, 0, 33, 1, 0, 40, 9, 0}, 33, 13, 101);
+  addLora(c, true, true, true, 102, 4);
+  expectBoth(c);
+}
+
+TEST(CudaExpertMlp, Ragged64ExpertsRelu2WithUpAndDownLora) {
+  ExpertCase c = raggedCase("relu2", false, routedCounts(50, 6, 64, 111), 40, 24, 112);
+  addLora(c, false, true, true, 113, 3);
+  expectBoth(c);
+}
+
+TEST(CudaExpertMlp, Ragged256ExpertsSiluGated) {
+  expectBoth(raggedCase("silu", true, routedCounts(100, 8, 256, 121), 16, 8, 122));
+}
+
+TEST(CudaExpertMlp, Ragged8ExpertsGptOss) {
+  for (bool inOut : {true, false})
+    expectBoth(awayFromClamps(
+        [inOut](uint64_t s) { return gptOssCase(inOut, {13, 0, 40, 7, 1, 0, 30, 9}, 33, 13, s); },
+        131));
+}
+
+TEST(CudaExpertMlp, Ragged64ExpertsSiluUngatedWithUpLora) {
+  ExpertCase c = raggedCase("silu", false, routedCounts(37, 4, 64, 141), 20, 12, 142);
+  addLora(c, false, true, false, 143, 5);
+  expectBoth(c);
+}
+
+// Launch checks on the host (no GPU needed). The counts' sum is checked after
+// reading them from the device, so it is not among these.
+TEST(CudaExpertMlpErrors, BadLaunchesNameTheProblem) {
+  {
+    expectRefused(expertCall(baseCase("gelu_tanh", true, 102)),
+                  "unsupported expert activation 'gelu_tanh'");
+  }
+  {
+    KernelCall call = expertCall(gptOssSmall(true, 103));
+    call.attributes().erase("limit");
+    expectRefused(call, "missing attribute 'limit'");
+  }
+  {
+    ExpertCase c = baseCase("silu", true, 104);
+    addLora(c, true, false, false, 105);
+    KernelCall call = expertCall(c);
+    call.attributes().erase("lora_scale");
+    expectRefused(call, "missing attribute 'lora_scale'");
+  }
+  {
+    KernelCall call = expertCall(baseCase("silu", true, 106));
+    call.inputsRef()[3] = tensorOf({3, 5, 3}, randomBf16(3 * 5 * 3, 107));
+    expectRefused(call, "down has shape [3,5,3], expected [3,5,4]");
+  }
+  {
+    ExpertCase c = gptOssSmall(false, 108);
+    c.rank = 1;
+    c.loraScale = 1.0;
+    c.upA = randomBf16(c.experts * c.features, 109);
+    c.upB = randomBf16(c.experts * c.inter, 110);
+    expectRefused(expertCall(c), "expert LoRA needs separate [out, in] expert weights");
+  }
+  {
+    KernelCall call = expertCall(baseCase("silu", true, 111));
+    call.attributes().erase("operand_segments");
+    expectRefused(call, "missing attribute 'operand_segments'");
+  }
+  {
+    KernelCall call = expertCall(baseCase("silu", true, 112));
+    call.inputsRef()[1] = indexTensor(plan::I64, {4}, {4, 0, 3, 0});
+    expectRefused(call, "counts has shape [4], expected [3]");
+  }
+}
+
+} // namespace
+} // namespace moec::runtime::cuda::routing::testing

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Everything a GPU run needs, in one script.
+#
+#   tests/gpu/gpu_run.sh pack   on a dev machine: builds the CUDA comparison tests, moe-run and
+#                               moe-align, compiles the golden plans (f32 and bf16), and copies
+#                               binaries, the libraries they need and the golden files to .gpu/
+#   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
+#                               test and moe-align --backend cuda for each golden family in f32
+#                               and bf16; full logs go to $OUT (or .gpu/out), a table last.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+pack=.gpu
+families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen3_next)
+
+if [ "${1:-}" = pack ]; then
+  golden="${GOLDEN:-../shared/golden}"
+  tests=$(bazel query 'attr(tags, "\bgpu\b", tests(//runtime/...))' 2>/dev/null)
+  bazel build $tests //runtime/backends/cuda:device_probe_test //runtime/tools:moe-run \
+    //tests/golden:moe-align //compiler/tools:moec
+  bin="$(bazel info bazel-bin 2>/dev/null)"
+  rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/lib" "$pack/plans"
+  for t in $tests //runtime/backends/cuda:device_probe_test; do
+    path="${t#//}"; path="${path/://}"
+    install -m 755 "$bin/$path" "$pack/bin/tests/$(echo "${t#//}" | tr '/:' '__')"
+  done
+  install -m 755 "$bin/runtime/tools/moe-run" "$bin/tests/golden/moe-align" "$pack/bin/"
+  strip "$pack"/bin/* "$pack"/bin/tests/* 2>/dev/null || true
+  # Libraries the binaries load that a bare GPU machine may lack (not glibc itself).
+  for f in "$pack"/bin/* "$pack"/bin/tests/*; do
+    [ -f "$f" ] && ldd "$f" | awk '/=> \// {print $3}'
+  done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' | while read -r lib; do
+    cp -L "$lib" "$pack/lib/"
+  done
+  cp -rL "$golden" "$pack/golden"
+  for f in "${families[@]}"; do
+    for dtype in float32 bfloat16; do
+      "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
+        --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
+        --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.moeplan" 2>/dev/null
+    done
+  done
+  du -sh "$pack"
+  echo "packed $pack: run with carry=[\"$pack\"] and command: bash tests/gpu/gpu_run.sh run"
+  exit 0
+fi
+
+[ "${1:-}" = run ] || { echo "usage: $0 pack|run" >&2; exit 2; }
+out="${OUT:-$pack/out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi -L || true
+summary=()
+: >"$out/gpu_tests.log"
+for t in "$pack"/bin/tests/*; do
+  name="$(basename "$t")"
+  if "$t" >"$out/one.log" 2>&1; then status=ok; else status=FAILED; fi
+  passed=$(grep -c '^\[       OK \]' "$out/one.log" || true)
+  failed=$(grep -c '^\[  FAILED  \].*(' "$out/one.log" || true)
+  skipped=$(grep -c '^\[  SKIPPED \]' "$out/one.log" || true)
+  { echo "===== $name ($status)"; cat "$out/one.log"; } >>"$out/gpu_tests.log"
+  summary+=("$(printf '%-62s %-7s %4s ok %4s failed %4s skipped' "$name" "$status" "$passed" "$failed" "$skipped")")
+done
+rm -f "$out/one.log"
+: >"$out/align.log"
+for f in "${families[@]}"; do
+  for dtype in float32 bfloat16; do
+    if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype "$dtype" \
+      --plan "$pack/plans/$f.$dtype.moeplan" >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
+    { echo "===== moe-align $f $dtype ($status)"; cat "$out/one.log"; } >>"$out/align.log"
+    summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype $dtype" "$status" "$(tail -1 "$out/one.log")")")
+  done
+done
+rm -f "$out/one.log"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
