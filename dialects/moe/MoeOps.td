@@ -583,8 +583,9 @@ def Moe_CombineOp : Moe_ComputeOp<"combine"> {
 def Moe_LoRAOp : Moe_ComputeOp<"lora"> {
   let summary = "A LoRA adapter's update: scale * (x A^T) B^T.";
   let description = [{
-    `lora_a: [r, in]`, `lora_b: [out, r]` in PEFT's layout; the result is
-    added to the frozen projection's output. `scale` is `alpha / r`;
+    `lora_a: [r, in]`, `lora_b: [out, r]` in PEFT's layout, of the input's
+    element type or f32 (adapters stay f32 on a bf16 model, as PEFT keeps
+    them); the result is added to the frozen projection's output. `scale` is `alpha / r`;
     `dropout` applies to `x` during training only.
 
     ```mlir

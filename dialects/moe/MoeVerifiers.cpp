@@ -515,8 +515,9 @@ LogicalResult LoRAOp::verify() {
                  c.dim("lora_a", getLoraA(), 1, tensorType(getInput()).getDimSize(1),
                        "input features") &&
                  c.dim("lora_b", getLoraB(), 1, rank, "adapter rank") &&
-                 c.sameElementType("input", getInput(), "lora_a", getLoraA()) &&
-                 c.sameElementType("input", getInput(), "lora_b", getLoraB()) &&
+                 c.sameElementType("lora_a", getLoraA(), "lora_b", getLoraB()) &&
+                 (tensorType(getLoraA()).getElementType().isF32() ||
+                  c.sameElementType("input", getInput(), "lora_a", getLoraA())) &&
                  activation(c, "result", getResult(), getInput(), "input") &&
                  c.dim("result", getResult(), 1, tensorType(getLoraB()).getDimSize(0),
                        "lora_b output features"));

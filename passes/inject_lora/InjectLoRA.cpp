@@ -296,7 +296,9 @@ private:
     int64_t in = inType.getDimSize(inType.getRank() - 1), out = outType.getDimSize(1);
     auto weight = linear.getWeight().getDefiningOp<moe::WeightOp>();
     Operation *anchor = SymbolTable::lookupSymbolIn(layer, weight.getParamAttr());
-    Type element = inType.getElementType();
+    // f32 adapters whatever the model's dtype, as PEFT's autocast_adapter_dtype keeps them:
+    // AdamW on bf16 weights would lose small updates.
+    Type element = Float32Type::get(linear.getContext());
     auto [aName, aType] = addParam(layer, weight, path, "A", {s.rank, in}, element, anchor);
     auto [bName, bType] = addParam(layer, weight, path, "B", {out, s.rank}, element, anchor);
 
@@ -325,7 +327,7 @@ private:
       int64_t e = baseType.getDimSize(0), out = baseType.getDimSize(1), in = baseType.getDimSize(2);
       auto weight = weights[i].getDefiningOp<moe::WeightOp>();
       Operation *anchor = SymbolTable::lookupSymbolIn(layer, weight.getParamAttr());
-      Type element = baseType.getElementType();
+      Type element = Float32Type::get(baseType.getContext()); // f32 adapters, as above
       auto [aName, aType] = addParam(layer, weight, path, "A", {e, s.rank, in}, element, anchor);
       auto [bName, bType] = addParam(layer, weight, path, "B", {e, out, s.rank}, element, anchor);
       lora[2 * i] = moe::WeightOp::create(b, loc, aType, aName);

@@ -28,7 +28,8 @@ if [ "${1:-}" = pack ]; then
   # Libraries the binaries load that a bare GPU machine may lack (not glibc itself).
   for f in "$pack"/bin/* "$pack"/bin/tests/*; do
     [ -f "$f" ] && ldd "$f" | awk '/=> \// {print $3}'
-  done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' | while read -r lib; do
+  done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcublas|libcublasLt|libnccl|libcuda)\.so' |
+    while read -r lib; do
     cp -L "$lib" "$pack/lib/"
   done
   cp -rL "$golden" "$pack/golden"
@@ -39,6 +40,9 @@ if [ "${1:-}" = pack ]; then
         --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.moeplan" 2>/dev/null
     done
   done
+  # The tree that travels to the GPU machine is limited (64 MiB): ship one archive.
+  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans
+  rm -rf "$pack" && mkdir -p "$pack" && mv /tmp/moec-pack.tar.xz "$pack/pack.tar.xz"
   du -sh "$pack"
   echo "packed $pack: run with carry=[\"$pack\"] and command: bash tests/gpu/gpu_run.sh run"
   exit 0
@@ -47,6 +51,7 @@ fi
 [ "${1:-}" = run ] || { echo "usage: $0 pack|run" >&2; exit 2; }
 out="${OUT:-$pack/out}"
 mkdir -p "$out"
+[ -f "$pack/pack.tar.xz" ] && tar -C "$pack" -xJf "$pack/pack.tar.xz"
 export LD_LIBRARY_PATH="$PWD/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 nvidia-smi -L || true

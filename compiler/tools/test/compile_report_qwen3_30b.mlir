@@ -29,10 +29,11 @@
 // The weights in bf16: 30,532,122,624 * 2 bytes (each buffer rounded up to 256 bytes).
 // CHECK: memory per rank (arena sizes):
 // CHECK-NEXT: weight 56.87 GiB
-// LoRA parameters in bf16 and their AdamW moments in f32: 2 and 8 bytes per parameter.
-// CHECK-NEXT: lora_param 0.05 GiB 53,477,376
+// LoRA parameters and their gradients in f32 (adapters stay f32 on a bf16 model, as PEFT keeps
+// them) and two f32 AdamW moments: 4, 4 and 8 bytes per trainable parameter (26,738,688).
+// CHECK-NEXT: lora_param 0.10 GiB 106,954,752
 // CHECK-NEXT: optimizer_state 0.20 GiB 213,909,504
-// CHECK: gradient 0.05 GiB 53,477,376
+// CHECK: gradient 0.10 GiB 106,954,752
 // CHECK: peak
 
 // Recomputing each layer re-runs its forward in the backward; the saved activations shrink.

@@ -162,3 +162,13 @@ func.func @lora(%x: tensor<?x64xf32>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>
   %d = moe.lora %x, %a, %b {scale = 2.0 : f64, dropout = 0.05 : f64} : (tensor<?x64xf32>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
   return %d : tensor<?x32xf32>
 }
+
+// -----
+
+// Tests that f32 adapters on bf16 activations (the importer's bf16 models) round-trip.
+// CHECK-LABEL: func.func @lora_f32_on_bf16
+// CHECK: moe.lora %{{.*}}, %{{.*}}, %{{.*}} {scale = 2.000000e+00 : f64} : (tensor<?x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
+func.func @lora_f32_on_bf16(%x: tensor<?x64xbf16>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>) -> tensor<?x32xbf16> {
+  %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
+  return %d : tensor<?x32xbf16>
+}

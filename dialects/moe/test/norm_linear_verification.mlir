@@ -249,3 +249,13 @@ func.func @lora_input_mismatch(%x: tensor<?x64xf32>, %a: tensor<4x32xf32>, %b: t
   %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xf32>, tensor<4x32xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
   return %d : tensor<?x32xf32>
 }
+
+// -----
+
+// Tests that a bf16 activation may take f32 adapters (PEFT keeps adapters in f32) but not
+// adapters of another 16-bit type.
+func.func @lora_f16_adapter_on_bf16(%x: tensor<?x64xbf16>, %a: tensor<4x64xf16>, %b: tensor<32x4xf16>) -> tensor<?x32xbf16> {
+  // expected-error @+1 {{'moe.lora' op lora_a element type 'f16' differs from input element type 'bf16'}}
+  %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xbf16>, tensor<4x64xf16>, tensor<32x4xf16>) -> tensor<?x32xbf16>
+  return %d : tensor<?x32xbf16>
+}
