@@ -243,6 +243,31 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
   return absl::OkStatus();
 }
 
+absl::Status Executor::launch(const std::string &kernel, const std::vector<uint32_t> &inputs,
+                              const std::vector<uint32_t> &outputs,
+                              const google::protobuf::Map<std::string, plan::Attr> &attrs) {
+  const KernelFn *fn = dev->kernels().find(kernel);
+  if (!fn)
+    return absl::UnimplementedError(absl::StrCat("the ", dev->name(), " backend has no kernel '", kernel, "'"));
+  KernelContext ctx;
+  ctx.kernel = kernel;
+  ctx.attrs = &attrs;
+  ctx.seqLen = plan->seq_len();
+  ctx.microBatch = plan->micro_batch();
+  ctx.pool = dev->pool();
+  ctx.stream = dev->stream();
+  for (uint32_t id : inputs)
+    ctx.inputs.push_back(buffer(id));
+  for (uint32_t id : outputs)
+    ctx.outputs.push_back(buffer(id));
+  try {
+    (*fn)(ctx);
+  } catch (const KernelError &error) {
+    return absl::InternalError(error.what());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<float> Executor::loss() {
   std::optional<uint32_t> id = findBuffer("loss");
   if (!id)

@@ -53,6 +53,11 @@ public:
   /// kernel and origin; with `syncEachStep` (or MOEC_SYNC_STEPS=1) a device fault does too.
   absl::Status run(const std::function<void(int)> &afterStep = {});
 
+  /// Runs one kernel outside the plan's steps (e.g. fill_random on a weight buffer).
+  absl::Status launch(const std::string &kernel, const std::vector<uint32_t> &inputs,
+                      const std::vector<uint32_t> &outputs,
+                      const google::protobuf::Map<std::string, plan::Attr> &attrs);
+
   /// The scalar in the INPUT buffer `loss`.
   absl::StatusOr<float> loss();
 

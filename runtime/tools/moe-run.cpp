@@ -1,6 +1,6 @@
 //===- moe-run.cpp - the MoEC runtime driver -------------------------------===//
 //
-//   moe-run train --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]
+//   moe-run train --plan P (--model DIR | --random-weights SEED) --data FILE [--out DIR] [--steps N] [--adapter DIR]
 //                 [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]
 //                 [--backend cpu|cuda]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
@@ -85,10 +85,30 @@ struct Session {
   std::unique_ptr<Trainer> trainer;
 };
 
+/// Random weights made on the device itself (fill_random per weight buffer), as
+/// transformers would initialise them; no files for real-size models.
+absl::Status randomWeights(Session &session, uint64_t seed, double initializerRange) {
+  const moec::plan::Rank &rank = session.plan.ranks(0);
+  for (const moec::plan::WeightBinding &binding : rank.weights()) {
+    std::string name = binding.tensor();
+    google::protobuf::Map<std::string, moec::plan::Attr> attrs;
+    const char *kinds[] = {"normal", "zeros", "ones", "a_log", "dt_bias"};
+    attrs["kind"].set_s(kinds[static_cast<int>(init::initKindFor(name, session.plan.model_type()))]);
+    attrs["std"].set_f(initializerRange);
+    uint64_t hash = 1469598103934665603ull; // FNV-1a of the name: one stream per tensor
+    for (unsigned char c : name)
+      hash = (hash ^ c) * 1099511628211ull;
+    attrs["stream"].set_i(static_cast<int64_t>(seed ^ hash));
+    if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));
+  }
+  return session.device->synchronize();
+}
+
 absl::Status openSession(Args &args, Session &session) {
-  std::string planPath = args.get("plan"), modelDir = args.get("model");
-  if (planPath.empty() || modelDir.empty())
-    return absl::InvalidArgumentError("--plan PLAN and --model DIR are required");
+  std::string planPath = args.get("plan"), modelDir = args.get("model"), random = args.get("random-weights");
+  if (planPath.empty() || (modelDir.empty() == random.empty()))
+    return absl::InvalidArgumentError("--plan PLAN and either --model DIR or --random-weights SEED are required");
   absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(planPath);
   if (!plan.ok())
     return plan.status();
@@ -105,11 +125,25 @@ absl::Status openSession(Args &args, Session &session) {
   if (!executor.ok())
     return absl::Status(executor.status().code(), absl::StrCat(planPath, ": ", executor.status().message()));
   session.executor = std::move(*executor);
-  absl::StatusOr<std::unique_ptr<weights::Checkpoint>> checkpoint = weights::Checkpoint::open(modelDir);
-  if (!checkpoint.ok())
-    return checkpoint.status();
-  if (absl::Status bound = session.executor->bindWeights(**checkpoint); !bound.ok())
-    return bound;
+  if (!random.empty()) {
+    int64_t seed = 0;
+    double range = 0.02;
+    if (!args.integer("random-weights", 0, seed, error))
+      return absl::InvalidArgumentError(error);
+    std::string rangeText = args.get("initializer-range", "0.02");
+    char *end = nullptr;
+    range = std::strtod(rangeText.c_str(), &end);
+    if (*end != '\0' || !(range > 0))
+      return absl::InvalidArgumentError("--initializer-range expects a positive number, got '" + rangeText + "'");
+    if (absl::Status s = randomWeights(session, static_cast<uint64_t>(seed), range); !s.ok())
+      return s;
+  } else {
+    absl::StatusOr<std::unique_ptr<weights::Checkpoint>> checkpoint = weights::Checkpoint::open(modelDir);
+    if (!checkpoint.ok())
+      return checkpoint.status();
+    if (absl::Status bound = session.executor->bindWeights(**checkpoint); !bound.ok())
+      return bound;
+  }
   session.trainer = std::make_unique<Trainer>(*session.executor);
   return absl::OkStatus();
 }
@@ -391,7 +425,8 @@ int main(int argc, char **argv) {
   if (command == "init")
     return runInit(args);
   std::cerr << "usage: moe-run <command> [options]\n"
-               "  train    --plan P --model DIR --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
+               "  train    --plan P (--model DIR | --random-weights SEED [--initializer-range R])\n"
+               "           --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
                "           [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]\n"
                "           [--backend cpu|cuda]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"

@@ -5,8 +5,10 @@
 #                               moe-align, compiles the golden plans (f32 and bf16), and copies
 #                               binaries, the libraries they need and the golden files to .gpu/
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
-#                               test and moe-align --backend cuda for each golden family in f32
-#                               and bf16; full logs go to $OUT (or .gpu/out), a table last.
+#                               test, moe-align --backend cuda for each golden family in f32
+#                               and bf16, and 6 training steps of Qwen3-30B-A3B (48 and 4
+#                               layers) and Qwen3-Next-80B-A3B (4 layers) at 4096 tokens on
+#                               random weights; full logs go to $OUT (or .gpu/out), a table last.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pack=.gpu
@@ -40,8 +42,18 @@ if [ "${1:-}" = pack ]; then
         --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.moeplan" 2>/dev/null
     done
   done
+  # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
+  attention=q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj
+  for model in models/qwen3-30b-a3b/config.json tests/gpu/Inputs/qwen3-30b-a3b-4layers.json \
+    tests/gpu/Inputs/qwen3-next-80b-a3b-4layers.json; do
+    name="$(basename "$model" .json)"; [ "$name" = config ] && name=qwen3-30b-a3b
+    targets=$attention; [[ "$name" == qwen3-30b* ]] && targets=q_proj,k_proj,v_proj,o_proj
+    "$bin/compiler/tools/moec" compile "$model" --lora-rank 32 --lora-alpha 64 --lora-targets "$targets" \
+      --seq-len 4096 --lr 1e-4 --warmup-steps 0 -o "$pack/plans/train.$name.moeplan" 2>/dev/null
+  done
+  cp models/tiny-qwen3-moe/train.jsonl "$pack/train.jsonl"
   # The tree that travels to the GPU machine is limited (64 MiB): ship one archive.
-  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans
+  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl
   rm -rf "$pack" && mkdir -p "$pack" && mv /tmp/moec-pack.tar.xz "$pack/pack.tar.xz"
   du -sh "$pack"
   echo "packed $pack: run with carry=[\"$pack\"] and command: bash tests/gpu/gpu_run.sh run"
@@ -75,6 +87,15 @@ for f in "${families[@]}"; do
     { echo "===== moe-align $f $dtype ($status)"; cat "$out/one.log"; } >>"$out/align.log"
     summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype $dtype" "$status" "$(tail -1 "$out/one.log")")")
   done
+done
+rm -f "$out/one.log"
+: >"$out/train.log"
+for plan in "$pack"/plans/train.*.moeplan; do
+  name="$(basename "$plan" .moeplan)"; name="${name#train.}"
+  if "$pack/bin/moe-run" train --backend cuda --plan "$plan" --random-weights 0 --data "$pack/train.jsonl" \
+    --out "$pack/runs/$name" --steps 6 --log-every 1 >"$out/one.log" 2>&1; then status=ok; else status=FAILED; fi
+  { echo "===== moe-run train $name ($status)"; cat "$out/one.log"; } >>"$out/train.log"
+  summary+=("$(printf '%-62s %-7s %s' "moe-run train $name (4096 tokens)" "$status" "$(grep '^step' "$out/one.log" | tail -1)")")
 done
 rm -f "$out/one.log"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -14,6 +14,7 @@ void registerCoreKernels(KernelRegistry &registry) {
   core::registerDenseKernels(registry);
   core::registerElementwiseKernels(registry);
   core::registerTokenKernels(registry);
+  core::registerRandomKernels(registry);
 }
 
 namespace core {

@@ -74,6 +74,8 @@ void registerNormKernels(KernelRegistry &registry);
 void registerDenseKernels(KernelRegistry &registry);
 void registerElementwiseKernels(KernelRegistry &registry);
 void registerTokenKernels(KernelRegistry &registry);
+/// fill_random (Random.cpp): random weights, as on the GPU (../../RandomFill.h).
+void registerRandomKernels(KernelRegistry &registry);
 
 } // namespace moec::runtime::cpu::core
 

@@ -289,6 +289,8 @@ void registerNormKernels(KernelRegistry &registry);
 void registerDenseKernels(KernelRegistry &registry);
 void registerElementwiseKernels(KernelRegistry &registry);
 void registerTokenKernels(KernelRegistry &registry);
+/// fill_random (Random.cu): random weights, as on the CPU (runtime/kernels/RandomFill.h).
+void registerRandomKernels(KernelRegistry &registry);
 
 } // namespace moec::runtime::cuda::core
 
