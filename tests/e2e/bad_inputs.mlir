@@ -144,7 +144,7 @@
 // STEPS-NEGATIVE: moe-run: error: --steps expects a non-negative integer, got '-1'
 // STEPS-TEXT: moe-run: error: --steps expects a non-negative integer, got 'abc'
 // CHECKPOINT-EVERY: moe-run: error: --checkpoint-every expects a non-negative integer, got '2x'
-// NO-PLAN: moe-run: error: --plan PLAN and --model DIR are required
+// NO-PLAN: moe-run: error: --plan PLAN and either --model DIR or --random-weights SEED are required
 // NO-DATA: moe-run: error: --data FILE is required
 // COMMAND: usage: moe-run <command> [options]
 // COMMAND: moe-run: error: unknown command 'frobnicate'
