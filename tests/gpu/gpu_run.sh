@@ -98,4 +98,15 @@ for plan in "$pack"/plans/train.*.moeplan; do
   summary+=("$(printf '%-62s %-7s %s' "moe-run train $name (4096 tokens)" "$status" "$(grep '^step' "$out/one.log" | tail -1)")")
 done
 rm -f "$out/one.log"
+# PEFT loads what moe-run writes: train the golden qwen3_moe 3 steps on the GPU, then compare
+# transformers + PEFT's loss with moe-run's on the first batch.
+golden="$pack/golden/qwen3_moe"; plan="$pack/plans/qwen3_moe.float32.moeplan"
+{
+  "$pack/bin/moe-run" train --backend cuda --plan "$plan" --model "$golden" --data "$pack/train.jsonl" \
+    --out "$pack/runs/peft" --steps 3 &&
+  ours=$("$pack/bin/moe-run" forward --backend cuda --plan "$plan" --model "$golden" \
+    --adapter "$pack/runs/peft/adapter" --data "$pack/train.jsonl" | awk '{print $NF}') &&
+  python3 tests/gpu/peft_check.py "$golden" "$pack/runs/peft/adapter" "$pack/train.jsonl" 96 2 "$ours"
+} >"$out/peft.log" 2>&1 && status=PASS || status=FAIL
+summary+=("$(printf '%-62s %-7s %s' "PEFT loads moe-run's adapter (qwen3_moe)" "$status" "$(tail -1 "$out/peft.log")")")
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -10,32 +10,23 @@
 #define RUNTIME_KERNELS_CPU_ATTENTION_LAUNCH_H_
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/attention/Launch.h"
 
 namespace moec::runtime::cpu::attention {
 
 /// Fails unless `t` is an f32 tensor of these dims (-1 = any); returns its data.
 float *floatTensor(const KernelContext &ctx, const TensorRef &t, const char *what,
                    std::vector<int64_t> dims);
-/// Fails unless `t` is an i32/i64 tensor of exactly these dims.
-void expectIndices(const KernelContext &ctx, const TensorRef &t, const char *what,
-                   std::vector<int64_t> dims);
-/// An integer attribute that must be positive.
-int64_t positiveAttr(const KernelContext &ctx, const std::string &name);
+using checks::attention::backwardOperands;
+using checks::attention::expectIndices;
+using checks::attention::nonNegativeAttr;
+using checks::attention::positiveAttr;
+using checks::attention::Sequences;
+using checks::attention::sequencesOf;
 
-/// The step's sequences: `count` sequences of `length` rows cover the T rows.
-struct Sequences {
-  int64_t count = 0, length = 0;
-};
-Sequences sequencesOf(const KernelContext &ctx, int64_t tokens);
-
-/// The number of forward operands of a `.backward` launch of an op with one
-/// result: backward_segments[0], or all inputs but the trailing gradient
-/// without it. Fails unless it lies in [minOperands, maxOperands].
-size_t backwardOperands(const KernelContext &ctx, size_t minOperands, size_t maxOperands);
 /// Checks the rest of the backward launch once the forward operands are
 /// validated: grad_of_inputs names distinct operands among `differentiable`,
 /// each output is f32 shaped like its operand, the result gradient (if any)

@@ -42,13 +42,6 @@ struct MlaLaunch {
   const TensorRef *indices = nullptr; // sparse_attention only
 };
 
-int64_t nonNegativeAttr(const KernelContext &ctx, const std::string &name) {
-  int64_t value = ctx.attrInt(name);
-  if (value < 0)
-    ctx.fail("attribute '" + name + "' must not be negative, got " + std::to_string(value));
-  return value;
-}
-
 MlaLaunch readMla(const KernelContext &ctx, bool sparse) {
   MlaLaunch l;
   l.heads = positiveAttr(ctx, "num_heads");

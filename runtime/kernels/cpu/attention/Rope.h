@@ -1,8 +1,7 @@
 //===- Rope.h - rotary position embedding tables ----------------*- C++ -*-===//
 //
-// Frequencies as transformers computes them (modeling_rope_utils.py): the
-// default θ^(-2i/d), or YaRN's blend of interpolated and extrapolated
-// frequencies with its attention factor multiplied into cos and sin. Angles
+// Frequencies from checks/attention/Rope.h (transformers' default and YaRN,
+// the attention factor multiplied into cos and sin). Angles
 // are formed in f32 as transformers does (inv_freq and inv_freq·position
 // rounded to f32): at long context that rounding moves the angle more than
 // any f32/f64 difference elsewhere, so the reference's rounding is the one
@@ -23,37 +22,18 @@
 #define RUNTIME_KERNELS_CPU_ATTENTION_ROPE_H_
 
 #include <cstdint>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/attention/Rope.h"
 
 namespace moec::runtime::cpu::attention {
 
-struct YarnParams {
-  double factor = 1, betaFast = 32, betaSlow = 1, mscale = 1, mscaleAllDim = 0;
-  int64_t originalMaxPosition = 0;
-  bool truncate = true; // round the ramp's ends to whole dimensions (gpt-oss: false)
-};
-
-struct RopeSpec {
-  double theta = 10000;
-  int64_t dim = 0; // rotated features per head (even)
-  bool interleaved = false;
-  std::optional<YarnParams> yarn;
-};
-
-/// The flattened RoPE attribute `<prefix>.theta/.dim/.style[/.yarn.*]`
-/// (`.yarn.truncate`, a flag, is optional: absent = true, as transformers); null
-/// when `<prefix>.dim` is absent and `required` is false. Fails on a bad or
-/// incomplete attribute, or when dim exceeds `maxDim`.
-std::optional<RopeSpec> readRope(const KernelContext &ctx, const std::string &prefix, bool required,
-                                 int64_t maxDim);
-
-/// f32 inverse frequencies (dim/2 of them) and the cos/sin scale.
-std::vector<float> inverseFrequencies(const RopeSpec &spec);
-float attentionFactor(const RopeSpec &spec);
+using checks::attention::attentionFactor;
+using checks::attention::inverseFrequencies;
+using checks::attention::readRope;
+using checks::attention::RopeSpec;
+using checks::attention::YarnParams;
 
 /// cos/sin of every token's position, ready to rotate slices of `spec.dim`.
 class RopeTable {

@@ -1,8 +1,7 @@
 //===- CoreCommon.h - helpers shared by the core CPU kernels ----*- C++ -*-===//
 //
-// Launch checks that name the offending tensor, the `.backward` launch
-// layout of Kernel.h, and a row-blocked reduction whose result does not
-// depend on the thread count.
+// f32 tensors, the launch checks shared with the CUDA kernels, and a
+// row-blocked reduction whose result does not depend on the thread count.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,52 +14,21 @@
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/core/CoreChecks.h"
 
 namespace moec::runtime::cpu::core {
 
 /// The f32 data of `t`, or a failure naming `what`.
 float *floats(const KernelContext &ctx, const TensorRef &t, const std::string &what);
-/// Fails unless `t` holds I32 or I64 indices.
-void expectIndices(const KernelContext &ctx, const TensorRef &t, const std::string &what);
-/// Fails unless `a` and `b` have the same shape.
-void expectSameShape(const KernelContext &ctx, const TensorRef &a, const std::string &aName,
-                     const TensorRef &b, const std::string &bName);
-/// Fails unless `t` has rank >= 1 and last dimension `features` (-1 = any); returns the
-/// number of rows (product of the other dimensions).
-int64_t rowsOf(const KernelContext &ctx, const TensorRef &t, const std::string &what,
-               int64_t features = -1);
-/// Fails unless `t` has x's shape with its last dimension replaced by `last`.
-void expectRowsShape(const KernelContext &ctx, const TensorRef &t, const std::string &what,
-                     const TensorRef &x, int64_t last);
-/// "[2,3]".
-std::string shapeText(const std::vector<int64_t> &shape);
 
-/// The inputs and outputs of a `.backward` launch (see Kernel.h): forward
-/// operands, forward results, gradients of some results; gradients of some
-/// operands out.
-class BackwardLaunch {
-public:
-  /// Checks the layout against `backward_segments` (when present), that the
-  /// result gradients name one of the forward op's `numResults` results, and
-  /// that each requested operand gradient is in `differentiable` and has its
-  /// operand's shape.
-  BackwardLaunch(const KernelContext &ctx, size_t numResults,
-                 const std::vector<int64_t> &differentiable);
-
-  size_t numOperands() const { return operands; }
-  const TensorRef &operand(size_t i) const { return ctx.inputs[i]; }
-  /// The gradient arriving at forward result `result`, or null (= zero).
-  const TensorRef *resultGrad(int64_t result) const;
-  /// The gradient of the op's one result, which must be given and have `shape`.
-  const float *resultGrad0(const std::vector<int64_t> &shape) const;
-  /// Where to write the gradient of forward operand `operand`, or null if not asked.
-  const TensorRef *operandGrad(int64_t operand) const;
-
-private:
-  const KernelContext &ctx;
-  size_t operands = 0, results = 0;
-  std::vector<int64_t> gradOfOutputs, gradOfInputs;
-};
+// The launch checks shared with the CUDA kernels (../../checks/core). The
+// CPU kernels check gradients' storage type themselves, through floats().
+using checks::core::BackwardLaunch;
+using checks::core::expectIndices;
+using checks::core::expectRowsShape;
+using checks::core::expectSameShape;
+using checks::core::rowsOf;
+using checks::core::shapeText;
 
 /// Runs fn(begin, end, partial) over rows [0, rows) in fixed blocks of rows,
 /// in parallel, each block adding into its own `width` doubles; returns the

@@ -57,7 +57,7 @@ void linearBackward(KernelContext &ctx) {
   LinearArgs a(ctx, launch.numOperands());
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = a.out;
-  const float *dy = launch.resultGrad0(shape);
+  const float *dy = floats(ctx, launch.resultGrad0(shape), "the result gradient");
   if (const TensorRef *dx = launch.operandGrad(0)) // dx = dy W
     gemm(false, false, a.rows, a.in, a.out, 1.0f, dy, a.out, a.w, a.in, 0.0f,
          floats(ctx, *dx, "the input gradient"), a.in);
@@ -128,7 +128,7 @@ void loraBackward(KernelContext &ctx) {
   LoraArgs l(ctx, launch.numOperands());
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = l.out;
-  const float *dy = launch.resultGrad0(shape);
+  const float *dy = floats(ctx, launch.resultGrad0(shape), "the result gradient");
   const TensorRef *dx = launch.operandGrad(0), *da = launch.operandGrad(1),
                   *db = launch.operandGrad(2);
   if (db) { // dB = scale dyᵀ h

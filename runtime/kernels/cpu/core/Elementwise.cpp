@@ -99,7 +99,8 @@ void activationBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 1, {0});
   Activation kind = activationOf(ctx);
   const TensorRef &input = ctx.in(0);
-  const float *x = floats(ctx, input, "input"), *dy = launch.resultGrad0(input.shape);
+  const float *x = floats(ctx, input, "input");
+  const float *dy = floats(ctx, launch.resultGrad0(input.shape), "the result gradient");
   if (const TensorRef *dxRef = launch.operandGrad(0)) {
     float *dx = floats(ctx, *dxRef, "the input gradient");
     forEach(ctx, input.numel(),
@@ -124,7 +125,7 @@ void gluBackward(KernelContext &ctx) {
   const TensorRef &gate = ctx.in(0), &up = ctx.in(1);
   expectSameShape(ctx, up, "up", gate, "gate");
   const float *g = floats(ctx, gate, "gate"), *u = floats(ctx, up, "up");
-  const float *dy = launch.resultGrad0(gate.shape);
+  const float *dy = floats(ctx, launch.resultGrad0(gate.shape), "the result gradient");
   const TensorRef *dgRef = launch.operandGrad(0), *duRef = launch.operandGrad(1);
   float *dg = dgRef ? floats(ctx, *dgRef, "the gate gradient") : nullptr;
   float *du = duRef ? floats(ctx, *duRef, "the up gradient") : nullptr;
@@ -173,7 +174,7 @@ void sigmoidGate(KernelContext &ctx) {
 void sigmoidGateBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 1, {0, 1});
   GateArgs a(ctx);
-  const float *dy = launch.resultGrad0(ctx.in(0).shape);
+  const float *dy = floats(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
   const TensorRef *dxRef = launch.operandGrad(0), *dgRef = launch.operandGrad(1);
   float *dx = dxRef ? floats(ctx, *dxRef, "the input gradient") : nullptr;
   float *dg = dgRef ? floats(ctx, *dgRef, "the gate gradient") : nullptr;

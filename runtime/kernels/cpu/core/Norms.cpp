@@ -70,7 +70,7 @@ void rmsNorm(KernelContext &ctx) {
 void rmsNormBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 1, {0, 1});
   RmsNormArgs a(ctx);
-  const float *dy = launch.resultGrad0(ctx.in(0).shape);
+  const float *dy = floats(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
   const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1);
   float *dx = dxRef ? floats(ctx, *dxRef, "the input gradient") : nullptr;
   float *dwOut = dwRef ? floats(ctx, *dwRef, "the weight gradient") : nullptr;
@@ -154,7 +154,7 @@ void layerNorm(KernelContext &ctx) {
 void layerNormBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 1, {0, 1, 2});
   LayerNormArgs a(ctx);
-  const float *dy = launch.resultGrad0(ctx.in(0).shape);
+  const float *dy = floats(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
   const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1),
                   *dbRef = launch.operandGrad(2);
   float *dx = dxRef ? floats(ctx, *dxRef, "the input gradient") : nullptr;

@@ -54,7 +54,7 @@ void embedding(KernelContext &ctx) {
 void embeddingBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 1, {1});
   EmbeddingArgs a(ctx);
-  const float *dy = launch.resultGrad0({a.tokens, a.dim});
+  const float *dy = floats(ctx, launch.resultGrad0({a.tokens, a.dim}), "the result gradient");
   const TensorRef *dtRef = launch.operandGrad(1);
   if (!dtRef)
     return;
@@ -153,7 +153,7 @@ void crossEntropy(KernelContext &ctx) {
 void crossEntropyBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 1, {0});
   CrossEntropyArgs a(ctx);
-  const float *dloss = launch.resultGrad0({});
+  const float *dloss = floats(ctx, launch.resultGrad0({}), "the result gradient");
   const TensorRef *dlRef = launch.operandGrad(0);
   if (!dlRef)
     return;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/linear_attention/LaunchChecks.h"
 
 namespace moec::runtime::cpu::linattn {
 
@@ -28,21 +29,15 @@ double softplus(double x);
 /// Its derivative, with the same threshold.
 double softplusGrad(double x);
 
-/// The launch facts every kernel here checks first.
-struct Tokens {
-  int64_t count = 0, seqLen = 0, sequences = 0;
-};
-/// Fails unless ctx's sequences cover `rows` token rows exactly.
-Tokens tokensOf(const KernelContext &ctx, int64_t rows);
+// The launch checks every kernel here shares with its CUDA twin.
+using checks::linattn::convWidth;
+using checks::linattn::expectNumel;
+using checks::linattn::positiveAttr;
+using checks::linattn::Tokens;
+using checks::linattn::tokensOf;
+
 /// The f32 data of `t`, or a failure naming `what`.
 float *floatsOf(const KernelContext &ctx, const TensorRef &t, const char *what);
-/// Fails unless `t` has `n` elements (any shape: [H] and [1,1,H,1] alike).
-void expectNumel(const KernelContext &ctx, const TensorRef &t, const char *what, int64_t n,
-                 const char *meaning);
-/// A positive integer attribute.
-int64_t positiveAttr(const KernelContext &ctx, const char *name);
-/// Fails unless a conv weight is [channels, 1, K]; returns K.
-int64_t convWidth(const KernelContext &ctx, const TensorRef &w, const char *what, int64_t channels);
 
 /// Where a `.backward` launch keeps its output gradient and writes each operand's gradient.
 class BackwardLayout {

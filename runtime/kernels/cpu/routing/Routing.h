@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/routing/RoutingChecks.h"
 
 namespace moec::runtime::cpu::routing {
 
@@ -24,28 +25,14 @@ void combineBackward(KernelContext &ctx);
 void expertMlpForward(KernelContext &ctx);
 void expertMlpBackward(KernelContext &ctx);
 
-/// Where each forward operand group sits among the launch's inputs, from
-/// `operand_segments` (required: these ops have several optional operands).
-/// `optional[g]` says whether group g may be absent.
-struct OperandGroups {
-  std::vector<int64_t> input; // per group: index into ctx.inputs, or -1 when absent
-  int64_t present = 0;        // number of forward operands
+// Operand layout and index checks shared with the CUDA twins.
+using checks::routing::expectIndices;
+using checks::routing::OperandGroups;
+using checks::routing::operandGroups;
+using checks::routing::resultGrad;
 
-  bool has(size_t group) const { return input[group] >= 0; }
-  const TensorRef *get(const KernelContext &ctx, size_t group) const {
-    return has(group) ? &ctx.inputs[input[group]] : nullptr;
-  }
-};
-OperandGroups operandGroups(const KernelContext &ctx, const std::vector<bool> &optional);
-
-/// A backward kernel's gradient of forward result `result` (located through
-/// `backward_segments` and `grad_of_outputs`), or null when it is not passed.
-const TensorRef *resultGrad(const KernelContext &ctx, int64_t result);
-
-/// The gradient outputs of a backward kernel, checked: each entry of
-/// grad_of_inputs must name a forward operand in [0, numOperands) that is not
-/// in `noGrad` (index tensors, buffers; the message says why), and its output
-/// must be an F32 tensor of that operand's size. Outputs are zeroed.
+/// The gradient outputs of a backward kernel, checked (see
+/// checks::routing::gradOutputs; F32 here) and zeroed.
 /// Returns, per forward operand, its gradient buffer or null.
 std::vector<float *> gradOutputs(const KernelContext &ctx, int64_t numOperands,
                                  const std::vector<std::pair<int64_t, const char *>> &noGrad);

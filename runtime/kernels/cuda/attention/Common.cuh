@@ -1,8 +1,8 @@
 //===- Common.cuh - shared pieces of the CUDA attention kernels --*- CUDA -*-===//
 //
-// Host side: the launch checks of cpu/attention/Launch.h with f32-or-bf16
-// storage, RoPE attributes and tables (cpu/attention/Rope.h, same host
-// arithmetic), stream-ordered scratch buffers and dynamic shared memory.
+// Host side: the launch checks of checks/attention/Launch.h with f32-or-bf16
+// storage, RoPE constants from checks/attention/Rope.h, stream-ordered
+// scratch buffers and dynamic shared memory.
 // Device side: tensors whose storage type (f32 / bf16, i32 / i64) is a
 // run-time flag (a warp-uniform branch per load), warp reductions and the
 // RoPE rotation with the CPU's exact f32 rounding (no FMA contraction).
@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/attention/Launch.h"
+#include "runtime/kernels/checks/attention/Rope.h"
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 
 namespace moec::runtime::cuda::attention {
@@ -105,25 +107,11 @@ __device__ __forceinline__ float warpMax(float v) {
 // RoPE
 //===----------------------------------------------------------------------===//
 
-struct YarnParams {
-  double factor = 1, betaFast = 32, betaSlow = 1, mscale = 1, mscaleAllDim = 0;
-  int64_t originalMaxPosition = 0;
-  bool truncate = true;
-};
-
-struct RopeSpec {
-  double theta = 10000;
-  int64_t dim = 0;
-  bool interleaved = false;
-  std::optional<YarnParams> yarn;
-};
-
-/// cpu::attention::readRope, the same checks and messages.
-std::optional<RopeSpec> readRope(const KernelContext &ctx, const std::string &prefix, bool required,
-                                 int64_t maxDim);
-/// cpu::attention::inverseFrequencies / attentionFactor, the same host arithmetic.
-std::vector<float> inverseFrequencies(const RopeSpec &spec);
-float attentionFactor(const RopeSpec &spec);
+using checks::attention::attentionFactor;
+using checks::attention::inverseFrequencies;
+using checks::attention::readRope;
+using checks::attention::RopeSpec;
+using checks::attention::YarnParams;
 
 constexpr int kMaxRopeHalf = 256; // rope.dim <= 512
 
@@ -168,7 +156,7 @@ __device__ __forceinline__ float ropeRotateBack(const float *dy, int e, int half
 }
 
 //===----------------------------------------------------------------------===//
-// Host launch checks (cpu/attention/Launch.h with f32-or-bf16 storage)
+// Host launch checks (checks/attention/Launch.h with f32-or-bf16 storage)
 //===----------------------------------------------------------------------===//
 
 /// Fails unless `t` is an f32 or bf16 tensor of these dims (-1 = any).
@@ -181,16 +169,12 @@ IndexIn indexIn(const KernelContext &ctx, const TensorRef &t, const char *what,
                 std::vector<int64_t> dims);
 IndexOut indexOut(const KernelContext &ctx, const TensorRef &t, const char *what,
                   std::vector<int64_t> dims);
-int64_t positiveAttr(const KernelContext &ctx, const std::string &name);
-int64_t nonNegativeAttr(const KernelContext &ctx, const std::string &name);
+using checks::attention::backwardOperands;
+using checks::attention::nonNegativeAttr;
+using checks::attention::positiveAttr;
+using checks::attention::Sequences;
+using checks::attention::sequencesOf;
 
-struct Sequences {
-  int64_t count = 0, length = 0;
-};
-Sequences sequencesOf(const KernelContext &ctx, int64_t tokens);
-
-/// As the CPU's: the number of forward operands of a `.backward` launch.
-size_t backwardOperands(const KernelContext &ctx, size_t minOperands, size_t maxOperands);
 /// As the CPU's checkBackward: checks grad_of_inputs and the outputs (f32 or
 /// bf16, shaped like their operands), zeroes every output on the stream and
 /// returns the result gradient, or a null view when grad_of_outputs is empty.

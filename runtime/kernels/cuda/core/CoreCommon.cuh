@@ -1,6 +1,6 @@
 //===- CoreCommon.cuh - helpers shared by the core CUDA kernels -*- CUDA -*-===//
 //
-// The host-side launch checks of cpu/core/CoreCommon.h without the f32-only
+// The launch checks shared with cpu/core (checks/core) without the f32-only
 // restriction, float tensors as (pointer, storage type) pairs so that every
 // float tensor of a launch may be F32 or BF16 on its own (a bf16 gradient
 // accumulated into an f32 buffer, an f32 router weight gating a bf16
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/kernels/checks/core/CoreChecks.h"
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 
 namespace moec::runtime::cuda::core {
@@ -78,42 +79,23 @@ IndexIn indexIn(const KernelContext &ctx, const TensorRef &t, const std::string 
 // Launch checks (the CPU kernels' messages)
 //===----------------------------------------------------------------------===//
 
-/// "[2,3]".
-std::string shapeText(const std::vector<int64_t> &shape);
-/// Fails unless `t` holds I32 or I64 indices.
-void expectIndices(const KernelContext &ctx, const TensorRef &t, const std::string &what);
 /// Fails unless `t` holds F32 or BF16 values.
 void expectFloats(const KernelContext &ctx, const TensorRef &t, const std::string &what);
-/// Fails unless `a` and `b` have the same shape.
-void expectSameShape(const KernelContext &ctx, const TensorRef &a, const std::string &aName,
-                     const TensorRef &b, const std::string &bName);
-/// Fails unless `t` has rank >= 1 and last dimension `features` (-1 = any); returns the
-/// number of rows (product of the other dimensions).
-int64_t rowsOf(const KernelContext &ctx, const TensorRef &t, const std::string &what,
-               int64_t features = -1);
-/// Fails unless `t` has x's shape with its last dimension replaced by `last`.
-void expectRowsShape(const KernelContext &ctx, const TensorRef &t, const std::string &what,
-                     const TensorRef &x, int64_t last);
+
+// The launch checks shared with the CPU kernels (../../checks/core).
+using checks::core::expectIndices;
+using checks::core::expectRowsShape;
+using checks::core::expectSameShape;
+using checks::core::rowsOf;
+using checks::core::shapeText;
 
 /// The inputs and outputs of a `.backward` launch (see Kernel.h), checked as
-/// cpu/core's BackwardLaunch checks them.
-class BackwardLaunch {
+/// the CPU kernels check them, with every gradient f32 or bf16.
+class BackwardLaunch : public checks::core::BackwardLaunch {
 public:
   BackwardLaunch(const KernelContext &ctx, size_t numResults,
-                 const std::vector<int64_t> &differentiable);
-
-  size_t numOperands() const { return operands; }
-  /// The gradient arriving at forward result `result`, or null (= zero).
-  const TensorRef *resultGrad(int64_t result) const;
-  /// The gradient of the op's one result, which must be given, have `shape` and hold floats.
-  const TensorRef &resultGrad0(const std::vector<int64_t> &shape) const;
-  /// Where to write the gradient of forward operand `operand`, or null if not asked.
-  const TensorRef *operandGrad(int64_t operand) const;
-
-private:
-  const KernelContext &ctx;
-  size_t operands = 0, results = 0;
-  std::vector<int64_t> gradOfOutputs, gradOfInputs;
+                 const std::vector<int64_t> &differentiable)
+      : checks::core::BackwardLaunch(ctx, numResults, differentiable, expectFloats) {}
 };
 
 //===----------------------------------------------------------------------===//

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/kernels/checks/linear_attention/LaunchChecks.h"
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 
 namespace moec::runtime::cuda::linattn {
@@ -36,20 +37,15 @@ void registerKdaKernels(KernelRegistry &registry);
 
 //===--- launch checks (host) ----------------------------------------------===//
 
-struct Tokens {
-  int64_t count = 0, seqLen = 0, sequences = 0;
-};
-/// Fails unless ctx's sequences cover `rows` token rows exactly.
-Tokens tokensOf(const KernelContext &ctx, int64_t rows);
+// The launch checks every kernel here shares with its CPU twin.
+using checks::linattn::convWidth;
+using checks::linattn::expectNumel;
+using checks::linattn::positiveAttr;
+using checks::linattn::Tokens;
+using checks::linattn::tokensOf;
+
 /// Fails unless `t` is f32 or bf16 storage.
 void expectFloat(const KernelContext &ctx, const TensorRef &t, const char *what);
-/// Fails unless `t` has `n` elements (any shape: [H] and [1,1,H,1] alike).
-void expectNumel(const KernelContext &ctx, const TensorRef &t, const char *what, int64_t n,
-                 const char *meaning);
-/// A positive integer attribute.
-int64_t positiveAttr(const KernelContext &ctx, const char *name);
-/// Fails unless a conv weight is [channels, 1, K]; returns K.
-int64_t convWidth(const KernelContext &ctx, const TensorRef &w, const char *what, int64_t channels);
 
 /// Where a `.backward` launch keeps its output gradient (Kernel.h's contract).
 class BackwardLayout {

@@ -44,32 +44,17 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/kernels/checks/mamba/Mamba2Checks.h"
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 #include "runtime/kernels/cuda/CudaKernels.h"
 
 namespace moec::runtime::cuda {
 namespace {
 
-/// Operand groups of moe.mamba2 (conv_bias is the only optional one).
-enum Operand { Zxbcdt, ConvWeight, ConvBias, DtBias, ALog, DSkip, NormWeight, NumOperands };
+using namespace checks::mamba2;
 
-const char *const kOperandNames[] = {"zxbcdt", "conv_weight", "conv_bias",  "dt_bias",
-                                     "a_log",  "d_skip",      "norm_weight"};
-
-struct Mamba2Shape {
-  int64_t tokens = 0, seqLen = 0, batch = 0;
-  int64_t heads = 0, headDim = 0, state = 0, groups = 0, kernel = 0, chunk = 0;
-  int64_t inner = 0, channels = 0, width = 0; // H*p, H*p + 2*G*N, 2*H*p + 2*G*N + H
-  int64_t headsPerGroup = 0, normGroup = 0;   // H/G, H*p/G
-  double eps = 0, dtMin = 0;
-  bool convBias = false;
-
-  __host__ __device__ int64_t bColumn(int64_t g) const { return inner + g * state; }
-  __host__ __device__ int64_t cColumn(int64_t g) const { return inner + (groups + g) * state; }
-  /// The backward's checkpoint spacing and count per sequence.
-  __host__ __device__ int64_t chunkLen() const { return chunk < seqLen ? chunk : seqLen; }
-  __host__ __device__ int64_t numChunks() const { return (seqLen + chunkLen() - 1) / chunkLen(); }
-};
+/// The CUDA kernels take f32 or bf16 and count the inputs before reading any.
+const Rules kRules{/*bf16=*/true, /*countInputs=*/true};
 
 /// A device float tensor read as f32, whatever its storage (f32 or bf16); null when absent.
 struct FloatIn {
@@ -549,84 +534,6 @@ private:
   size_t total = 0;
 };
 
-void expectFloat(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
-  if (t.dtype != plan::F32 && t.dtype != plan::BF16)
-    ctx.fail(what + " must be f32 or bf16");
-}
-
-/// Validates the launch and reads its shape; `present` maps operand groups to input indices
-/// (-1 = absent) for the first `numOperands` inputs. The CPU kernel's checks, with f32 or bf16.
-Mamba2Shape readShape(const KernelContext &ctx, size_t numOperands, std::vector<int64_t> &present) {
-  if (numOperands != NumOperands && numOperands != NumOperands - 1)
-    ctx.fail("expected 6 or 7 forward operands (zxbcdt, conv_weight, [conv_bias], dt_bias, a_log, "
-             "d_skip, norm_weight), got " +
-             std::to_string(numOperands));
-  if (ctx.inputs.size() < numOperands)
-    ctx.fail("expected at least " + std::to_string(numOperands) + " inputs, got " +
-             std::to_string(ctx.inputs.size()));
-  Mamba2Shape s;
-  s.convBias = numOperands == NumOperands;
-  present.assign(NumOperands, -1);
-  for (int op = 0, index = 0; op < NumOperands; ++op)
-    if (op != ConvBias || s.convBias)
-      present[op] = index++;
-
-  s.heads = ctx.attrInt("num_heads");
-  s.headDim = ctx.attrInt("head_dim");
-  s.state = ctx.attrInt("state_size");
-  s.groups = ctx.attrInt("num_groups");
-  s.chunk = ctx.attrInt("chunk_size");
-  s.eps = ctx.attrFloat("eps");
-  s.dtMin = ctx.attrFloat("time_step_min", 0.0);
-  for (auto [name, v] : {std::pair<const char *, int64_t>{"num_heads", s.heads},
-                         {"head_dim", s.headDim},
-                         {"state_size", s.state},
-                         {"num_groups", s.groups},
-                         {"chunk_size", s.chunk}})
-    if (v <= 0)
-      ctx.fail(std::string(name) + " must be positive, got " + std::to_string(v));
-  if (s.heads % s.groups)
-    ctx.fail("num_heads (" + std::to_string(s.heads) + ") must be a multiple of num_groups (" +
-             std::to_string(s.groups) + ")");
-  if (!(s.eps >= 0))
-    ctx.fail("eps must be non-negative");
-  s.inner = s.heads * s.headDim;
-  s.channels = s.inner + 2 * s.groups * s.state;
-  s.width = s.inner + s.channels + s.heads;
-  s.headsPerGroup = s.heads / s.groups;
-  s.normGroup = s.inner / s.groups;
-
-  for (int op = 0; op < NumOperands; ++op)
-    if (present[op] >= 0)
-      expectFloat(ctx, ctx.in(present[op]), kOperandNames[op]);
-
-  const TensorRef &zxbcdt = ctx.in(present[Zxbcdt]);
-  ctx.expectShape(zxbcdt, "zxbcdt (2*H*p + 2*G*N + H columns)", {-1, s.width});
-  const TensorRef &weight = ctx.in(present[ConvWeight]);
-  ctx.expectShape(weight, "conv_weight (depthwise, H*p + 2*G*N channels)", {s.channels, 1, -1});
-  s.kernel = weight.dim(2);
-  if (s.kernel <= 0)
-    ctx.fail("conv_weight has an empty kernel");
-  auto expectCount = [&](int op, int64_t n, const char *meaning) {
-    if (present[op] >= 0 && ctx.in(present[op]).numel() != n)
-      ctx.fail(std::string(kOperandNames[op]) + " must have " + std::to_string(n) + " elements (" + meaning +
-               "), got " + std::to_string(ctx.in(present[op]).numel()));
-  };
-  expectCount(ConvBias, s.channels, "conv channels");
-  expectCount(DtBias, s.heads, "one per head");
-  expectCount(ALog, s.heads, "one per head");
-  expectCount(DSkip, s.heads, "one per head");
-  expectCount(NormWeight, s.inner, "num_heads * head_dim");
-
-  s.tokens = zxbcdt.dim(0);
-  s.seqLen = ctx.seqLen;
-  s.batch = ctx.microBatch;
-  if (s.seqLen <= 0 || s.batch <= 0 || s.seqLen * s.batch != s.tokens)
-    ctx.fail("zxbcdt has " + std::to_string(s.tokens) + " rows, expected micro_batch (" +
-             std::to_string(s.batch) + ") * seq_len (" + std::to_string(s.seqLen) + ")");
-  return s;
-}
-
 Mamba2Inputs readInputs(const KernelContext &ctx, const std::vector<int64_t> &present) {
   auto at = [&](int op) { return present[op] < 0 ? FloatIn{} : floatIn(ctx.in(present[op])); };
   return {at(Zxbcdt), at(ConvWeight), at(ConvBias), at(DtBias), at(ALog), at(DSkip), at(NormWeight)};
@@ -682,11 +589,11 @@ void launchTrace(const KernelContext &ctx, const Mamba2Shape &s, const Mamba2Inp
 
 void mamba2Forward(KernelContext &ctx) {
   std::vector<int64_t> present;
-  Mamba2Shape s = readShape(ctx, ctx.inputs.size(), present);
+  Mamba2Shape s = readShape(ctx, ctx.inputs.size(), present, kRules);
   if (ctx.outputs.size() != 1)
     ctx.fail("expected one output, got " + std::to_string(ctx.outputs.size()));
   ctx.expectShape(ctx.out(0), "result", {s.tokens, s.inner});
-  expectFloat(ctx, ctx.out(0), "result");
+  expectFloat(ctx, ctx.out(0), "result", kRules);
   Mamba2Inputs in = readInputs(ctx, present);
   cudaStream_t stream = streamOf(ctx);
 
@@ -704,29 +611,9 @@ void mamba2Forward(KernelContext &ctx) {
 
 void mamba2Backward(KernelContext &ctx) {
   // Inputs: the forward operands, then the gradient of the one result.
-  size_t numOperands = ctx.has("backward_segments")
-                           ? static_cast<size_t>(ctx.attrInts("backward_segments").at(0))
-                           : ctx.inputs.size() - 1;
   std::vector<int64_t> present;
-  Mamba2Shape s = readShape(ctx, numOperands, present);
-  if (ctx.inputs.size() != numOperands + 1)
-    ctx.fail("expected the forward operands and the result's gradient (" + std::to_string(numOperands + 1) +
-             " inputs), got " + std::to_string(ctx.inputs.size()));
-  const TensorRef &gradOut = ctx.in(numOperands);
-  ctx.expectShape(gradOut, "result gradient", {s.tokens, s.inner});
-  expectFloat(ctx, gradOut, "result gradient");
-  std::vector<int64_t> wanted = ctx.gradOfInputs();
-  if (wanted.size() != ctx.outputs.size())
-    ctx.fail("grad_of_inputs names " + std::to_string(wanted.size()) + " operands but there are " +
-             std::to_string(ctx.outputs.size()) + " outputs");
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    if (wanted[i] < 0 || wanted[i] >= static_cast<int64_t>(numOperands))
-      ctx.fail("grad_of_inputs names operand " + std::to_string(wanted[i]) + " of " + std::to_string(numOperands));
-    const TensorRef &operand = ctx.in(wanted[i]), &grad = ctx.out(i);
-    if ((grad.dtype != plan::F32 && grad.dtype != plan::BF16) || grad.numel() != operand.numel())
-      ctx.fail("gradient output " + std::to_string(i) + " must be f32 or bf16 with " +
-               std::to_string(operand.numel()) + " elements");
-  }
+  Mamba2Shape s = readBackwardShape(ctx, present, kRules);
+  const TensorRef &gradOut = ctx.inputs.back();
   Mamba2Inputs in = readInputs(ctx, present);
   FloatIn gOut = floatIn(gradOut);
   // Each gradient goes to its output when asked for; the kernels skip the others.

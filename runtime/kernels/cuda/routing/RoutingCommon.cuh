@@ -9,8 +9,8 @@
 //    f32 gradients of bf16 weights).
 //  - DeviceBuffer: stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on
 //    the launch's stream, no synchronisation).
-//  - the host-side launch helpers of cpu/routing/Routing.h (operand groups,
-//    result gradients, gradient outputs), accepting f32 or bf16 storage.
+//  - the launch checks of checks/routing (operand groups, result gradients,
+//    gradient outputs), accepting f32 or bf16 storage.
 //  - expertMajorOrder: dispatch's expert-major row of every token copy, by a
 //    stable radix sort on the device (identical to the CPU's counting sort).
 //  - block reductions (deterministic: fixed shapes, no atomics).
@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/kernels/checks/routing/RoutingChecks.h"
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 
 namespace moec::runtime::cuda::routing {
@@ -143,22 +144,13 @@ private:
 };
 
 //===--------------------------------------------------------------------===//
-// Launch checks (the host side of cpu/routing/Routing.h)
+// Launch checks (checks/routing, shared with cpu/routing)
 //===--------------------------------------------------------------------===//
 
-struct OperandGroups {
-  std::vector<int64_t> input; // per group: index into ctx.inputs, or -1 when absent
-  int64_t present = 0;
-
-  bool has(size_t group) const { return input[group] >= 0; }
-  const TensorRef *get(const KernelContext &ctx, size_t group) const {
-    return has(group) ? &ctx.inputs[input[group]] : nullptr;
-  }
-};
-OperandGroups operandGroups(const KernelContext &ctx, const std::vector<bool> &optional);
-
-/// A backward kernel's gradient of forward result `result`, or null.
-const TensorRef *resultGrad(const KernelContext &ctx, int64_t result);
+using checks::routing::expectIndices;
+using checks::routing::OperandGroups;
+using checks::routing::operandGroups;
+using checks::routing::resultGrad;
 
 /// The checked gradient outputs (f32 or bf16, the operand's size), zeroed on
 /// the stream; per forward operand, its gradient output or null.
@@ -168,9 +160,6 @@ gradOutputs(const KernelContext &ctx, int64_t numOperands,
 
 /// Fails unless `t` is an F32 or BF16 tensor.
 void expectFloat(const KernelContext &ctx, const TensorRef &t, const char *what);
-
-/// Fails unless `t` is an I32 or I64 tensor.
-void expectIndices(const KernelContext &ctx, const TensorRef &t);
 
 inline IndexIn indexIn(const TensorRef &t) { return {t.data, t.dtype == plan::I64}; }
 

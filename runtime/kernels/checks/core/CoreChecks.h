@@ -1,0 +1,69 @@
+//===- CoreChecks.h - launch checks of the core kernels ---------*- C++ -*-===//
+//
+// The host-side checks shared by the core CPU and CUDA kernels: launch
+// checks that name the offending tensor and the `.backward` launch layout
+// of Kernel.h. Storage types are left to each backend.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef RUNTIME_KERNELS_CHECKS_CORE_CORECHECKS_H_
+#define RUNTIME_KERNELS_CHECKS_CORE_CORECHECKS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/Kernel.h"
+
+namespace moec::runtime::checks::core {
+
+/// "[2,3]".
+std::string shapeText(const std::vector<int64_t> &shape);
+/// Fails unless `t` holds I32 or I64 indices.
+void expectIndices(const KernelContext &ctx, const TensorRef &t, const std::string &what);
+/// Fails unless `a` and `b` have the same shape.
+void expectSameShape(const KernelContext &ctx, const TensorRef &a, const std::string &aName,
+                     const TensorRef &b, const std::string &bName);
+/// Fails unless `t` has rank >= 1 and last dimension `features` (-1 = any); returns the
+/// number of rows (product of the other dimensions).
+int64_t rowsOf(const KernelContext &ctx, const TensorRef &t, const std::string &what,
+               int64_t features = -1);
+/// Fails unless `t` has x's shape with its last dimension replaced by `last`.
+void expectRowsShape(const KernelContext &ctx, const TensorRef &t, const std::string &what,
+                     const TensorRef &x, int64_t last);
+
+/// The inputs and outputs of a `.backward` launch (see Kernel.h): forward
+/// operands, forward results, gradients of some results; gradients of some
+/// operands out.
+class BackwardLaunch {
+public:
+  /// A backend's check of a gradient's storage type, failing with `what`.
+  using GradCheck = void (*)(const KernelContext &ctx, const TensorRef &t,
+                             const std::string &what);
+
+  /// Checks the layout against `backward_segments` (when present), that the
+  /// result gradients name one of the forward op's `numResults` results, and
+  /// that each requested operand gradient is in `differentiable`, has its
+  /// operand's shape and passes `checkGrad` (when given).
+  BackwardLaunch(const KernelContext &ctx, size_t numResults,
+                 const std::vector<int64_t> &differentiable, GradCheck checkGrad = nullptr);
+
+  size_t numOperands() const { return operands; }
+  /// The gradient arriving at forward result `result`, or null (= zero).
+  const TensorRef *resultGrad(int64_t result) const;
+  /// The gradient of the op's one result, which must be given, have `shape`
+  /// and pass `checkGrad` (when given).
+  const TensorRef &resultGrad0(const std::vector<int64_t> &shape) const;
+  /// Where to write the gradient of forward operand `operand`, or null if not asked.
+  const TensorRef *operandGrad(int64_t operand) const;
+
+private:
+  const KernelContext &ctx;
+  GradCheck checkGrad;
+  size_t operands = 0, results = 0;
+  std::vector<int64_t> gradOfOutputs, gradOfInputs;
+};
+
+} // namespace moec::runtime::checks::core
+
+#endif // RUNTIME_KERNELS_CHECKS_CORE_CORECHECKS_H_

@@ -1,0 +1,56 @@
+//===- RoutingChecks.h - routing launch checks (CPU and CUDA) ---*- C++ -*-===//
+//
+// The host side of router, dispatch, expert_mlp and combine that the CPU
+// kernels and their CUDA twins share: operand layout, attribute parsing and
+// checks, with the same messages. Each side passes its own float dtype check
+// (f32 on the CPU, f32 or bf16 on the GPU).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef RUNTIME_KERNELS_CHECKS_ROUTING_ROUTINGCHECKS_H_
+#define RUNTIME_KERNELS_CHECKS_ROUTING_ROUTINGCHECKS_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "runtime/kernels/Kernel.h"
+
+namespace moec::runtime::checks::routing {
+
+/// A side's check that `t` is a float tensor it computes with (`what` names it).
+using ExpectFloat = void (*)(const KernelContext &ctx, const TensorRef &t, const char *what);
+
+/// Where each forward operand group sits among the launch's inputs, from
+/// `operand_segments` (required: these ops have several optional operands).
+/// `optional[g]` says whether group g may be absent.
+struct OperandGroups {
+  std::vector<int64_t> input; // per group: index into ctx.inputs, or -1 when absent
+  int64_t present = 0;        // number of forward operands
+
+  bool has(size_t group) const { return input[group] >= 0; }
+  const TensorRef *get(const KernelContext &ctx, size_t group) const {
+    return has(group) ? &ctx.inputs[input[group]] : nullptr;
+  }
+};
+OperandGroups operandGroups(const KernelContext &ctx, const std::vector<bool> &optional);
+
+/// A backward kernel's gradient of forward result `result` (located through
+/// `backward_segments` and `grad_of_outputs`), or null when it is not passed.
+const TensorRef *resultGrad(const KernelContext &ctx, int64_t result);
+
+/// The gradient outputs of a backward kernel, checked: each entry of
+/// grad_of_inputs must name a forward operand in [0, numOperands) that is not
+/// in `noGrad` (index tensors, buffers; the message says why), and its output
+/// must pass `expectFloat` and have that operand's size. Not zeroed.
+/// Returns, per forward operand, its gradient output or null.
+std::vector<const TensorRef *>
+gradOutputs(const KernelContext &ctx, int64_t numOperands,
+            const std::vector<std::pair<int64_t, const char *>> &noGrad, ExpectFloat expectFloat);
+
+/// Fails unless `t` is an I32 or I64 tensor.
+void expectIndices(const KernelContext &ctx, const TensorRef &t);
+
+} // namespace moec::runtime::checks::routing
+
+#endif // RUNTIME_KERNELS_CHECKS_ROUTING_ROUTINGCHECKS_H_
