@@ -32,6 +32,7 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/init/RandomModel.h"
 #include "runtime/peft/Adapter.h"
+#include "runtime/plan/PlanFormat.h"
 #include "runtime/plan/PlanIO.h"
 #include "runtime/tools/Args.h"
 #include "runtime/tools/Moec.h"
@@ -405,6 +406,14 @@ int runInit(Args &args) {
   absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(planPath);
   if (!plan.ok())
     return fail(std::string(plan.status().message()));
+  // The file holds every weight in f32: say so before a real-size model fills the disk.
+  int64_t elements = 0;
+  for (const moec::plan::Buffer &buffer : plan->ranks(0).buffers())
+    if (buffer.role() == moec::plan::WEIGHT)
+      elements += buffer.size_bytes() / std::max<int64_t>(1, moec::plan::dtypeSize(buffer.dtype()));
+  if (elements * 4 > (int64_t(4) << 30))
+    std::cerr << "moe-run: writing " << elements * 4 / (1 << 30) << " GiB of random weights to " << out
+              << " (for real-size models, `moe-run train --random-weights SEED` makes them on the device)\n";
   if (absl::Status s = init::writeRandomModel(*plan, config, static_cast<uint64_t>(seed), out); !s.ok())
     return fail(std::string(s.message()));
   if (planPath == out + "/.init.moeplan")
