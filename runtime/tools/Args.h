@@ -79,7 +79,7 @@ public:
     std::vector<std::string> out;
     for (const auto &[name, value] : values)
       if (!used.count(name))
-        out.push_back("--" + name);
+        out.push_back(name == "o" ? "-o" : "--" + name);
     return out;
   }
   std::vector<std::string> positional;

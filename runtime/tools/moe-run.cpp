@@ -210,6 +210,8 @@ void onSignal(int signal) {
 }
 
 int runTrain(Args &args) {
+  if (!args.positional.empty())
+    return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
   Session session;
   if (absl::Status s = openSession(args, session); !s.ok())
     return fail(std::string(s.message()));
@@ -340,6 +342,8 @@ int runTrain(Args &args) {
 }
 
 int runForward(Args &args) {
+  if (!args.positional.empty())
+    return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
   Session session;
   if (absl::Status s = openSession(args, session); !s.ok())
     return fail(std::string(s.message()));

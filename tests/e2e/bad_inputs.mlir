@@ -3,6 +3,8 @@
 // One run per kind of bad input: each fails (exit status 1, no crash: `not` fails on a signal)
 // with one error that names the file, line, flag or tensor at fault.
 //
+// RUN: not moe-run train stray --plan x 2>&1 | FileCheck %s --check-prefix=STRAY
+// STRAY: moe-run: error: unexpected argument 'stray' (flags start with --)
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 2 \
 // RUN:     --lora-rank 4 -o %t/plan.moeplan
