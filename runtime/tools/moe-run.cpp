@@ -4,6 +4,7 @@
 //                 [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]
 //                 [--backend cpu|cuda]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
+//   moe-run bench --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]
 //   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
 //
 // Runs plans that `moec compile` wrote, on the CPU backend. Never links MLIR:
@@ -11,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -385,6 +388,56 @@ int runForward(Args &args) {
   return 0;
 }
 
+/// Training steps on random tokens: the median step time, tokens/s and the plan's FLOPs per
+/// second (the compiler's count of each launch), after warm-up steps.
+int runBench(Args &args) {
+  if (!args.positional.empty())
+    return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
+  Session session;
+  if (absl::Status s = openSession(args, session); !s.ok())
+    return fail(std::string(s.message()));
+  int64_t steps = 0, warmup = 0, seed = 0;
+  std::string error;
+  if (!args.integer("steps", 5, steps, error) || !args.integer("warmup", 2, warmup, error) ||
+      !args.integer("seed", 0, seed, error))
+    return fail(error);
+  if (auto unknown = args.unknown(); !unknown.empty())
+    return fail("unknown flag(s): " + absl::StrJoin(unknown, ", "));
+  if (steps <= 0)
+    return fail("--steps must be positive");
+  if (absl::Status s = session.trainer->initAdapter(static_cast<uint64_t>(seed)); !s.ok())
+    return fail(std::string(s.message()));
+  int64_t vocab = vocabularySize(session.plan), tokens = session.plan.seq_len() * session.plan.micro_batch();
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  Batch batch;
+  for (int64_t t = 0; t < tokens; ++t) {
+    batch.ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(vocab, 1))));
+    batch.positions.push_back(t % session.plan.seq_len());
+  }
+  batch.labels = batch.ids;
+  int64_t flops = 0;
+  for (const moec::plan::Step &step : session.plan.ranks(0).steps())
+    if (step.has_launch())
+      flops += step.launch().flops();
+  std::vector<double> times;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<StepStats> stats = session.trainer->trainStep(batch);
+    if (!stats.ok())
+      return fail(std::string(stats.status().message()));
+    if (i >= warmup)
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  double median = times[times.size() / 2];
+  std::printf("%s on %s: %lld tokens per step, median step %.1f ms over %lld steps (after %lld warm-up), "
+              "%.0f tokens/s, %.3g TFLOP/s of the plan's %.3g TFLOP per step\n",
+              session.plan.model().c_str(), session.device->name().c_str(), static_cast<long long>(tokens),
+              median * 1e3, static_cast<long long>(steps), static_cast<long long>(warmup), tokens / median,
+              flops / median / 1e12, flops / 1e12);
+  return 0;
+}
+
 int runInit(Args &args) {
   if (args.positional.size() != 1)
     return fail("usage: moe-run init CONFIG.json [--seed S] -o DIR [--plan PLAN]");
@@ -435,6 +488,8 @@ int main(int argc, char **argv) {
     return runTrain(args);
   if (command == "forward")
     return runForward(args);
+  if (command == "bench")
+    return runBench(args);
   if (command == "init")
     return runInit(args);
   std::cerr << "usage: moe-run <command> [options]\n"
@@ -443,6 +498,8 @@ int main(int argc, char **argv) {
                "           [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]\n"
                "           [--backend cpu|cuda]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
+               "  bench    --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]\n"
+               "           [--backend cpu|cuda] [--threads N]\n"
                "  init     CONFIG.json [--seed S] -o DIR [--plan P]\n";
   if (command.empty() || command == "--help" || command == "-h")
     return command.empty() ? 1 : 0;

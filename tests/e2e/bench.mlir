@@ -1,0 +1,14 @@
+//===- bench.mlir - moe-run bench: step time, tokens/s, the plan's FLOP/s -===//
+//
+// RUN: rm -rf %t && mkdir -p %t
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 2 \
+// RUN:     --lora-rank 4 -o %t/plan.moeplan
+// RUN: moe-run bench --plan %t/plan.moeplan --random-weights 0 --steps 3 --warmup 1 | FileCheck %s
+// RUN: not moe-run bench --plan %t/plan.moeplan --random-weights 0 --steps 0 2>&1 \
+// RUN:     | FileCheck %s --check-prefix=ZERO
+//
+//===----------------------------------------------------------------------===//
+
+// 2 x 32 tokens per step; the FLOP count is the plan's (compiler/plan/Flops.cpp).
+// CHECK: Qwen3MoeForCausalLM on cpu ({{[0-9]+}} threads): 64 tokens per step, median step {{[0-9.]+}} ms over 3 steps (after 1 warm-up), {{[0-9]+}} tokens/s, {{[0-9.e+-]+}} TFLOP/s of the plan's {{[0-9.e+-]+}} TFLOP per step
+// ZERO: moe-run: error: --steps must be positive
