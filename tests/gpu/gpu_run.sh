@@ -109,4 +109,14 @@ golden="$pack/golden/qwen3_moe"; plan="$pack/plans/qwen3_moe.float32.moeplan"
   python3 tests/gpu/peft_check.py "$golden" "$pack/runs/peft/adapter" "$pack/train.jsonl" 96 2 "$ours"
 } >"$out/peft.log" 2>&1 && status=PASS || status=FAIL
 summary+=("$(printf '%-62s %-7s %s' "PEFT loads moe-run's adapter (qwen3_moe)" "$status" "$(tail -1 "$out/peft.log")")")
+# Ours against the reference in the same run: Qwen3-30B-A3B shapes, 4 layers, 4096 tokens,
+# LoRA r=32 on the attention projections, random bf16 weights, median of 4 steps after 2.
+{
+  ours=$("$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/train.qwen3-30b-a3b-4layers.moeplan" \
+    --random-weights 0 --steps 4 --warmup 2) && echo "$ours" &&
+  ref=$(python3 bench/hf_reference.py tests/gpu/Inputs/qwen3-30b-a3b-4layers.json 4096 \
+    q_proj,k_proj,v_proj,o_proj 4 2) && echo "$ref" &&
+  python3 -c "import re,sys; o,r=(float(re.search(r'([0-9.]+) tokens/s',x).group(1)) for x in sys.argv[1:3]); print(f'moe-run / transformers+PEFT tokens/s: {o/r:.3f}')" "$ours" "$ref"
+} >"$out/bench.log" 2>&1 && status=ok || status=FAILED
+summary+=("$(printf '%-62s %-7s %s' "bench qwen3-30b-a3b 4 layers vs transformers+PEFT" "$status" "$(tail -1 "$out/bench.log")")")
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
