@@ -201,35 +201,47 @@ absl::Status Executor::zeroGradients() {
   return absl::OkStatus();
 }
 
+absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
+                              const google::protobuf::Map<std::string, plan::Attr> &attrs,
+                              const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
+                              bool zeroOutputs) {
+  KernelContext ctx;
+  ctx.kernel = kernel;
+  ctx.attrs = &attrs;
+  ctx.seqLen = plan->seq_len();
+  ctx.microBatch = plan->micro_batch();
+  ctx.pool = dev->pool();
+  ctx.stream = dev->stream();
+  for (uint32_t id : inputs)
+    ctx.inputs.push_back(buffer(id));
+  for (uint32_t id : outputs) {
+    ctx.outputs.push_back(buffer(id));
+    if (zeroOutputs)
+      if (absl::Status z = dev->zero(ctx.outputs.back().data,
+                                     static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
+          !z.ok())
+        return z;
+  }
+  try {
+    fn(ctx);
+  } catch (const KernelError &error) {
+    return absl::InternalError(error.what());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Executor::run(const std::function<void(int)> &afterStep) {
   for (int s = 0; s < rankProto->steps_size(); ++s) {
     const plan::Step &step = rankProto->steps(s);
     if (step.has_launch()) {
       const plan::Launch &launch = step.launch();
-      KernelContext ctx;
-      ctx.kernel = launch.kernel();
-      ctx.attrs = &launch.attrs();
-      ctx.seqLen = plan->seq_len();
-      ctx.microBatch = plan->micro_batch();
-      ctx.pool = dev->pool();
-      ctx.stream = dev->stream();
-      for (uint32_t id : launch.inputs())
-        ctx.inputs.push_back(buffer(id));
       // Outputs reuse memory: kernels write into zeroes, except accumulate_grad, which adds.
-      bool accumulates = launch.kernel() == "accumulate_grad";
-      for (uint32_t id : launch.outputs()) {
-        ctx.outputs.push_back(buffer(id));
-        if (!accumulates)
-          if (absl::Status z = dev->zero(ctx.outputs.back().data,
-                                         static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
-              !z.ok())
-            return z;
-      }
-      try {
-        (*stepKernels[s])(ctx);
-      } catch (const KernelError &error) {
-        return absl::InternalError(absl::StrCat(stepName(s, step), ": ", error.what()));
-      }
+      absl::Status status = invoke(*stepKernels[s], launch.kernel(), launch.attrs(),
+                                   {launch.inputs().begin(), launch.inputs().end()},
+                                   {launch.outputs().begin(), launch.outputs().end()},
+                                   /*zeroOutputs=*/launch.kernel() != "accumulate_grad");
+      if (!status.ok())
+        return absl::Status(status.code(), absl::StrCat(stepName(s, step), ": ", status.message()));
       if (syncEachStep)
         if (absl::Status synced = dev->synchronize(); !synced.ok())
           return absl::InternalError(absl::StrCat(stepName(s, step), " on ", dev->name(), ": ", synced.message()));
@@ -249,23 +261,7 @@ absl::Status Executor::launch(const std::string &kernel, const std::vector<uint3
   const KernelFn *fn = dev->kernels().find(kernel);
   if (!fn)
     return absl::UnimplementedError(absl::StrCat("the ", dev->name(), " backend has no kernel '", kernel, "'"));
-  KernelContext ctx;
-  ctx.kernel = kernel;
-  ctx.attrs = &attrs;
-  ctx.seqLen = plan->seq_len();
-  ctx.microBatch = plan->micro_batch();
-  ctx.pool = dev->pool();
-  ctx.stream = dev->stream();
-  for (uint32_t id : inputs)
-    ctx.inputs.push_back(buffer(id));
-  for (uint32_t id : outputs)
-    ctx.outputs.push_back(buffer(id));
-  try {
-    (*fn)(ctx);
-  } catch (const KernelError &error) {
-    return absl::InternalError(error.what());
-  }
-  return absl::OkStatus();
+  return invoke(*fn, kernel, attrs, inputs, outputs, /*zeroOutputs=*/false);
 }
 
 absl::StatusOr<float> Executor::loss() {

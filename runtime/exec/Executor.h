@@ -75,6 +75,11 @@ public:
 
 private:
   Executor() = default;
+  /// One kernel call on buffers; a KernelError comes back as a status with its message.
+  absl::Status invoke(const KernelFn &fn, const std::string &kernel,
+                      const google::protobuf::Map<std::string, plan::Attr> &attrs,
+                      const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
+                      bool zeroOutputs);
 
   const plan::Plan *plan = nullptr;
   const plan::Rank *rankProto = nullptr;
