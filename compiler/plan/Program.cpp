@@ -172,8 +172,12 @@ private:
       if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp>(op))
         return op.emitOpError("has no kernel; the plan can only run moe compute ops");
       std::vector<int> inputs, outputs;
-      for (Value operand : op.getOperands())
-        inputs.push_back(values.lookup(operand));
+      for (auto [index, operand] : llvm::enumerate(op.getOperands())) {
+        auto it = values.find(operand);
+        if (it == values.end()) // a producer this flattener does not place
+          return op.emitOpError("operand ") << index << " has no buffer in the plan";
+        inputs.push_back(it->second);
+      }
       for (unsigned i = 0; i < op.getNumResults(); ++i) {
         FailureOr<std::vector<int64_t>> shape = shapeOf(&op, i, values);
         if (failed(shape))
