@@ -141,6 +141,25 @@ LogicalResult ApplyLayerOp::verifySymbolUses(SymbolTableCollection &symbols) {
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// AddOp: `: T` or `: T, U` (an f32 rhs on a bf16 lhs)
+//===----------------------------------------------------------------------===//
+
+static ParseResult parseAddTypes(OpAsmParser &parser, Type &lhs, Type &rhs) {
+  if (parser.parseType(lhs))
+    return failure();
+  rhs = lhs;
+  if (succeeded(parser.parseOptionalComma()))
+    return parser.parseType(rhs);
+  return success();
+}
+
+static void printAddTypes(OpAsmPrinter &printer, Operation *, Type lhs, Type rhs) {
+  printer << lhs;
+  if (rhs != lhs)
+    printer << ", " << rhs;
+}
+
 } // namespace moec::moe
 
 #define GET_OP_CLASSES

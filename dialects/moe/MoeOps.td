@@ -242,13 +242,17 @@ def Moe_LinearOp : Moe_ComputeOp<"linear"> {
   }];
 }
 
-def Moe_AddOp : Moe_ComputeOp<"add", [SameOperandsAndResultType], ["buildBackward"]> {
-  let summary = "Elementwise sum (residual connections).";
+def Moe_AddOp : Moe_ComputeOp<"add", [AllTypesMatch<["lhs", "result"]>], ["buildBackward"]> {
+  let summary = "Elementwise sum (residual connections, LoRA updates).";
+  let description = [{
+    The result has the type of `lhs`; `rhs` has its shape and its element type,
+    or f32: a LoRA update computed in f32 is rounded once, in the sum, as PEFT
+    adds its f32 update to a bf16 projection before casting back.
+  }];
   let arguments = (ins Moe_Tensor:$lhs, Moe_Tensor:$rhs);
   let results = (outs Moe_Tensor:$result);
-  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
-  // Same types in and out is all there is to check.
-  let hasVerifier = 0;
+  // `: T` when both sides have type T, `: T, f32-type` otherwise.
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` custom<AddTypes>(type($lhs), type($rhs))";
 }
 
 def Moe_ActivationOp : Moe_ComputeOp<"activation", [SameOperandsAndResultType]> {
@@ -585,7 +589,8 @@ def Moe_LoRAOp : Moe_ComputeOp<"lora"> {
   let description = [{
     `lora_a: [r, in]`, `lora_b: [out, r]` in PEFT's layout, of the input's
     element type or f32 (adapters stay f32 on a bf16 model, as PEFT keeps
-    them); the result is added to the frozen projection's output. `scale` is `alpha / r`;
+    them); the result (the input's element type or f32) is added to the frozen
+    projection's output. `scale` is `alpha / r`;
     `dropout` applies to `x` during training only.
 
     ```mlir

@@ -518,9 +518,21 @@ LogicalResult LoRAOp::verify() {
                  c.sameElementType("lora_a", getLoraA(), "lora_b", getLoraB()) &&
                  (tensorType(getLoraA()).getElementType().isF32() ||
                   c.sameElementType("input", getInput(), "lora_a", getLoraA())) &&
-                 activation(c, "result", getResult(), getInput(), "input") &&
+                 c.rank("result", getResult(), 2) &&
+                 c.sameDim("input", getInput(), 0, "result", getResult(), 0) &&
+                 (tensorType(getResult()).getElementType().isF32() ||
+                  c.sameElementType("input", getInput(), "result", getResult())) &&
                  c.dim("result", getResult(), 1, tensorType(getLoraB()).getDimSize(0),
                        "lora_b output features"));
+}
+
+LogicalResult AddOp::verify() {
+  Checker c(*this);
+  auto lhs = tensorType(getLhs()), rhs = tensorType(getRhs());
+  if (lhs.getShape() != rhs.getShape())
+    return emitOpError() << "lhs and rhs must have the same shape, got " << lhs << " and " << rhs;
+  // An f32 rhs on a narrower lhs: a LoRA update added once to a bf16 projection (PEFT's order).
+  return success(rhs.getElementType().isF32() || c.sameElementType("lhs", getLhs(), "rhs", getRhs()));
 }
 
 LogicalResult CrossEntropyOp::verify() {

@@ -305,7 +305,9 @@ private:
     b.setInsertionPointAfter(linear);
     Value a = moe::WeightOp::create(b, loc, aType, aName);
     Value bw = moe::WeightOp::create(b, loc, bType, bName);
-    Value delta = moe::LoRAOp::create(b, loc, outType, linear.getInput(), a, bw,
+    // The update stays f32 until the add rounds the sum once, as PEFT computes it.
+    auto deltaType = RankedTensorType::get(outType.getShape(), element);
+    Value delta = moe::LoRAOp::create(b, loc, deltaType, linear.getInput(), a, bw,
                                       b.getF64FloatAttr(scaleOf(s)), b.getF64FloatAttr(s.dropout));
     auto sum = moe::AddOp::create(b, loc, linear.getResult(), delta);
     linear.getResult().replaceAllUsesExcept(sum, sum);

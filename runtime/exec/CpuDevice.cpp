@@ -6,6 +6,7 @@
 #include "runtime/exec/Device.h"
 #include "runtime/kernels/cpu/CpuKernels.h"
 #include "runtime/kernels/cpu/Gemm.h"
+#include "runtime/weights/DType.h"
 
 namespace moec::runtime {
 
@@ -42,6 +43,12 @@ public:
   absl::Status synchronize() override { return absl::OkStatus(); }
   ThreadPool *pool() override { return &threadPool; }
   const KernelRegistry &kernels() const override { return registry; }
+  bool emulatesBf16() const override { return true; }
+  absl::Status roundToBf16(float *data, size_t count) override {
+    for (size_t i = 0; i < count; ++i)
+      data[i] = weights::bf16ToF32(weights::f32ToBf16(data[i]));
+    return absl::OkStatus();
+  }
 
 private:
   ThreadPool threadPool;

@@ -37,6 +37,14 @@ public:
   virtual void *stream() { return nullptr; }
   virtual ThreadPool *pool() { return nullptr; }
   virtual const KernelRegistry &kernels() const = 0;
+  /// Whether the device's kernels compute on f32 storage only (the CPU). The executor
+  /// then runs a bf16 plan as f32 buffers rounded to bf16 after every write, so the
+  /// CPU stays the reference for bf16 runs too.
+  virtual bool emulatesBf16() const { return false; }
+  /// Rounds `count` f32 values in place to the nearest bf16 (ties to even).
+  virtual absl::Status roundToBf16(float *data, size_t count) {
+    return absl::UnimplementedError(name() + " does not emulate bf16");
+  }
 };
 
 /// The CPU: host memory, the CPU kernels, `threads` threads (0 = all).

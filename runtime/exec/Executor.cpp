@@ -3,6 +3,8 @@
 #include "runtime/exec/Executor.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,6 +46,35 @@ std::string stepName(int index, const plan::Step &step) {
 
 } // namespace
 
+/// Wall time per kernel over the steps run (MOEC_PROFILE=1), printed to stderr
+/// when the executor goes away.
+class StepProfile {
+public:
+  void add(const std::string &kernel, double seconds) {
+    Entry &e = byKernel[kernel];
+    e.seconds += seconds;
+    ++e.calls;
+  }
+  ~StepProfile() {
+    std::vector<std::pair<std::string, Entry>> rows(byKernel.begin(), byKernel.end());
+    std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.seconds > b.second.seconds; });
+    double total = 0;
+    for (auto &row : rows)
+      total += row.second.seconds;
+    std::fprintf(stderr, "MOEC_PROFILE: %.3f s in kernels (synchronised after each step)\n", total);
+    for (auto &[kernel, e] : rows)
+      std::fprintf(stderr, "  %-34s %9.3f ms %5.1f%% %7ld calls\n", kernel.c_str(), e.seconds * 1e3,
+                   total > 0 ? 100 * e.seconds / total : 0.0, e.calls);
+  }
+
+private:
+  struct Entry {
+    double seconds = 0;
+    long calls = 0;
+  };
+  std::map<std::string, Entry> byKernel;
+};
+
 absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &plan, int rank, Device &device) {
   if (absl::Status valid = plan::validatePlan(plan); !valid.ok())
     return valid;
@@ -56,7 +87,11 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &pla
   executor->dev = &device;
   const char *sync = std::getenv("MOEC_SYNC_STEPS");
   executor->syncEachStep = sync && std::string(sync) == "1";
-  const plan::Rank &r = plan.ranks(rank);
+  if (const char *profile = std::getenv("MOEC_PROFILE"); profile && std::string(profile) == "1")
+    executor->profile = std::make_unique<StepProfile>();
+  if (device.emulatesBf16())
+    executor->emulateBf16(rank);
+  const plan::Rank &r = *executor->rankProto;
 
   std::vector<std::string> missing;
   for (const plan::Step &step : r.steps()) {
@@ -87,6 +122,44 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &pla
   for (const plan::Buffer &buffer : r.buffers())
     executor->byName.emplace(buffer.name(), buffer.id());
   return executor;
+}
+
+void Executor::emulateBf16(int rank) {
+  bool any = false;
+  for (const plan::Buffer &b : rankProto->buffers())
+    any |= b.dtype() == plan::BF16;
+  if (!any)
+    return;
+  emulatedPlan = std::make_unique<plan::Plan>(*plan);
+  plan::Rank &r = *emulatedPlan->mutable_ranks(rank);
+  // Doubling every offset and arena keeps the plan's layout (and its reuse of memory)
+  // while each bf16 element gets the 4 bytes of an f32.
+  for (plan::Arena &arena : *r.mutable_arenas())
+    arena.set_size_bytes(2 * arena.size_bytes());
+  roundsToBf16.assign(r.buffers_size(), false);
+  for (plan::Buffer &b : *r.mutable_buffers()) {
+    b.set_offset(2 * b.offset());
+    if (b.dtype() == plan::BF16) {
+      b.set_dtype(plan::F32);
+      b.set_size_bytes(2 * b.size_bytes());
+      roundsToBf16[b.id()] = true;
+    }
+  }
+  plan = emulatedPlan.get();
+  rankProto = &r;
+}
+
+absl::Status Executor::roundEmulated(const std::vector<uint32_t> &ids) {
+  if (roundsToBf16.empty())
+    return absl::OkStatus();
+  for (uint32_t id : ids)
+    if (roundsToBf16[id]) {
+      TensorRef t = buffer(id);
+      if (absl::Status s = dev->roundToBf16(static_cast<float *>(t.data), static_cast<size_t>(t.numel()));
+          !s.ok())
+        return s;
+    }
+  return absl::OkStatus();
 }
 
 Executor::~Executor() {
@@ -133,7 +206,9 @@ absl::Status Executor::writeFloats(uint32_t id, const std::vector<float> &values
                                                 values.size());
       !s.ok())
     return s;
-  return dev->upload(buffer(id).data, bytes.data(), bytes.size());
+  if (absl::Status s = dev->upload(buffer(id).data, bytes.data(), bytes.size()); !s.ok())
+    return s;
+  return roundEmulated({id});
 }
 
 std::optional<uint32_t> Executor::findBuffer(const std::string &name) const {
@@ -169,6 +244,8 @@ absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
     }
     if (status.ok())
       status = dev->upload(buffer(binding.buffer()).data, staging.data(), staging.size());
+    if (status.ok())
+      status = roundEmulated({binding.buffer()});
     if (!status.ok())
       return absl::Status(status.code(), absl::StrCat("binding weight '", binding.tensor(), "' from ",
                                                       checkpoint.path(), ": ", status.message()));
@@ -227,7 +304,7 @@ absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
   } catch (const KernelError &error) {
     return absl::InternalError(error.what());
   }
-  return absl::OkStatus();
+  return roundEmulated(outputs);
 }
 
 absl::Status Executor::run(const std::function<void(int)> &afterStep) {
@@ -235,6 +312,7 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
     const plan::Step &step = rankProto->steps(s);
     if (step.has_launch()) {
       const plan::Launch &launch = step.launch();
+      auto start = std::chrono::steady_clock::now();
       // Outputs reuse memory: kernels write into zeroes, except accumulate_grad, which adds.
       absl::Status status = invoke(*stepKernels[s], launch.kernel(), launch.attrs(),
                                    {launch.inputs().begin(), launch.inputs().end()},
@@ -242,9 +320,12 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
                                    /*zeroOutputs=*/launch.kernel() != "accumulate_grad");
       if (!status.ok())
         return absl::Status(status.code(), absl::StrCat(stepName(s, step), ": ", status.message()));
-      if (syncEachStep)
+      if (syncEachStep || profile)
         if (absl::Status synced = dev->synchronize(); !synced.ok())
           return absl::InternalError(absl::StrCat(stepName(s, step), " on ", dev->name(), ": ", synced.message()));
+      if (profile)
+        profile->add(launch.kernel(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     if (afterStep)
       afterStep(s);

@@ -6,6 +6,14 @@
 // nothing of training: the trainer sets inputs, runs a step, and reads
 // gradients (read/write copy between the device and the host).
 //
+// On a device that computes in f32 only (the CPU), a plan with bf16 buffers
+// runs on a copy of the plan whose bf16 buffers are f32 at twice the offsets,
+// rounded to bf16 after every write: bf16 storage with f32 arithmetic, what
+// the CUDA kernels do, so the CPU is the reference in bf16 too.
+//
+// MOEC_PROFILE=1 synchronises after every step and prints, at exit, the time
+// spent per kernel (a breakdown for tuning; the synchronisation costs some).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef RUNTIME_EXEC_EXECUTOR_H_
@@ -27,6 +35,8 @@
 #include "runtime/weights/Checkpoint.h"
 
 namespace moec::runtime {
+
+class StepProfile;
 
 class Executor {
 public:
@@ -81,8 +91,16 @@ private:
                       const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
                       bool zeroOutputs);
 
+  /// Rewrites the owned plan copy for bf16 emulation (see the file comment).
+  void emulateBf16(int rank);
+  /// Rounds the buffers among `ids` that hold emulated bf16.
+  absl::Status roundEmulated(const std::vector<uint32_t> &ids);
+
   const plan::Plan *plan = nullptr;
   const plan::Rank *rankProto = nullptr;
+  std::unique_ptr<plan::Plan> emulatedPlan; // the plan, bf16 buffers as f32 (CPU)
+  std::vector<bool> roundsToBf16;           // per buffer id, in the emulated plan
+  std::unique_ptr<StepProfile> profile;      // MOEC_PROFILE=1
   Device *dev = nullptr;
   std::map<plan::Role, void *> arenas;
   std::vector<const KernelFn *> stepKernels; // null for non-launch steps

@@ -82,7 +82,8 @@ rm -f "$out/one.log"
 : >"$out/align.log"
 for f in "${families[@]}"; do
   for dtype in float32 bfloat16; do
-    if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype "$dtype" \
+    reference=(); [ "$dtype" = bfloat16 ] && reference=(--golden "tests/golden/bf16/$f.safetensors")
+    if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype "$dtype" "${reference[@]}" \
       --plan "$pack/plans/$f.$dtype.moeplan" >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
     { echo "===== moe-align $f $dtype ($status)"; cat "$out/one.log"; } >>"$out/align.log"
     summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype $dtype" "$status" "$(tail -1 "$out/one.log")")")

@@ -172,3 +172,15 @@ func.func @lora_f32_on_bf16(%x: tensor<?x64xbf16>, %a: tensor<4x64xf32>, %b: ten
   %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
   return %d : tensor<?x32xbf16>
 }
+
+// -----
+
+// Tests an f32 LoRA update added to a bf16 projection: the rhs type is printed when it differs.
+// CHECK-LABEL: func.func @lora_update(
+// CHECK: %[[D:.*]] = moe.lora %{{.*}}, %{{.*}}, %{{.*}} {scale = 2.000000e+00 : f64} : (tensor<?x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
+// CHECK: moe.add %{{.*}}, %[[D]] : tensor<?x32xbf16>, tensor<?x32xf32>
+func.func @lora_update(%x: tensor<?x64xbf16>, %y: tensor<?x32xbf16>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>) -> tensor<?x32xbf16> {
+  %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
+  %r = moe.add %y, %d : tensor<?x32xbf16>, tensor<?x32xf32>
+  return %r : tensor<?x32xbf16>
+}

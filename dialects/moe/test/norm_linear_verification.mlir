@@ -144,11 +144,29 @@ func.func @linear_scalar(%x: tensor<f32>, %w: tensor<4096x2048xf32>) -> tensor<f
 
 // -----
 
-// Tests that a residual add needs operands of one type (only the generic form can spell a mismatch).
-func.func @add_mismatch(%a: tensor<?x2048xbf16>, %b: tensor<?x2048xf32>) -> tensor<?x2048xbf16> {
-  // expected-error @+1 {{'moe.add' op requires the same type for all operands and results}}
-  %r = "moe.add"(%a, %b) : (tensor<?x2048xbf16>, tensor<?x2048xf32>) -> tensor<?x2048xbf16>
+// Tests that an add's rhs may be f32 on a bf16 lhs, but not narrower than the lhs.
+func.func @add_mismatch(%a: tensor<?x2048xf32>, %b: tensor<?x2048xbf16>) -> tensor<?x2048xf32> {
+  // expected-error @+1 {{'moe.add' op rhs element type 'bf16' differs from lhs element type 'f32'}}
+  %r = moe.add %a, %b : tensor<?x2048xf32>, tensor<?x2048xbf16>
+  return %r : tensor<?x2048xf32>
+}
+
+// -----
+
+// Tests that an add's operands have one shape.
+func.func @add_shapes(%a: tensor<?x2048xbf16>, %b: tensor<?x1024xbf16>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.add' op lhs and rhs must have the same shape, got 'tensor<?x2048xbf16>' and 'tensor<?x1024xbf16>'}}
+  %r = moe.add %a, %b : tensor<?x2048xbf16>, tensor<?x1024xbf16>
   return %r : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that the result has the lhs type (only the generic form can spell another).
+func.func @add_result(%a: tensor<?x2048xbf16>, %b: tensor<?x2048xf32>) -> tensor<?x2048xf32> {
+  // expected-error @+1 {{'moe.add' op failed to verify that all of {lhs, result} have same type}}
+  %r = "moe.add"(%a, %b) : (tensor<?x2048xbf16>, tensor<?x2048xf32>) -> tensor<?x2048xf32>
+  return %r : tensor<?x2048xf32>
 }
 
 // -----
