@@ -10,6 +10,8 @@
 #define RUNTIME_EXEC_DEVICE_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -37,6 +39,9 @@ public:
   virtual void *stream() { return nullptr; }
   virtual ThreadPool *pool() { return nullptr; }
   virtual const KernelRegistry &kernels() const = 0;
+  /// Device memory taken since the device was opened (arenas, kernel scratch pools, library
+  /// workspaces); the pools keep what they took, so after a step this is the step's peak.
+  virtual std::optional<uint64_t> memoryInUse() { return std::nullopt; }
   /// Whether the device's kernels compute on f32 storage only (the CPU). The executor
   /// then runs a bf16 plan as f32 buffers rounded to bf16 after every write, so the
   /// CPU stays the reference for bf16 runs too.

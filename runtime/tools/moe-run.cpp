@@ -430,11 +430,14 @@ int runBench(Args &args) {
   }
   std::sort(times.begin(), times.end());
   double median = times[times.size() / 2];
+  char memory[64] = "";
+  if (std::optional<uint64_t> used = session.device->memoryInUse())
+    std::snprintf(memory, sizeof memory, ", device memory %.1f GiB", *used / double(1ull << 30));
   std::printf("%s on %s: %lld tokens per step, median step %.1f ms over %lld steps (after %lld warm-up), "
-              "%.0f tokens/s, %.3g TFLOP/s of the plan's %.3g TFLOP per step\n",
+              "%.0f tokens/s, %.3g TFLOP/s of the plan's %.3g TFLOP per step%s\n",
               session.plan.model().c_str(), session.device->name().c_str(), static_cast<long long>(tokens),
               median * 1e3, static_cast<long long>(steps), static_cast<long long>(warmup), tokens / median,
-              flops / median / 1e12, flops / 1e12);
+              flops / median / 1e12, flops / 1e12, memory);
   return 0;
 }
 

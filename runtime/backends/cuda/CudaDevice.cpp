@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,8 @@ public:
   CudaDevice(int ordinal, std::string label, cudaStream_t stream)
       : ordinal(ordinal), label(std::move(label)), cudaStream(stream) {
     registerCudaKernels(registry);
+    size_t total = 0;
+    cudaMemGetInfo(&freeAtStart, &total);
   }
   ~CudaDevice() override {
     cudaSetDevice(ordinal);
@@ -68,8 +71,15 @@ public:
   absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }
   void *stream() override { return cudaStream; }
   const KernelRegistry &kernels() const override { return registry; }
+  std::optional<uint64_t> memoryInUse() override {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess || free > freeAtStart)
+      return std::nullopt;
+    return freeAtStart - free;
+  }
 
 private:
+  size_t freeAtStart = 0;
   int ordinal;
   std::string label;
   cudaStream_t cudaStream;
@@ -89,6 +99,14 @@ absl::StatusOr<std::unique_ptr<Device>> makeCudaDevice(int ordinal) {
     return absl::InvalidArgumentError(absl::StrCat("GPU ", ordinal, " does not exist (", count, " GPUs)"));
   if (absl::Status s = cudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); !s.ok())
     return s;
+  // Kernels take their scratch with cudaMallocAsync. The default pool hands memory back to the
+  // driver at every synchronisation (release threshold 0), so each step after a sync would map
+  // its scratch again; keep it instead (the plan bounds what the arenas use, scratch is small).
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, ordinal) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
   cudaDeviceProp properties;
   cudaGetDeviceProperties(&properties, ordinal);
   cudaStream_t stream;
