@@ -4,7 +4,8 @@
 #   tests/gpu/gpu_run.sh pack   on a dev machine: builds the CUDA comparison tests, moe-run and
 #                               moe-align, compiles the golden plans (f32 and bf16), and copies
 #                               binaries, the libraries they need and the golden files to .gpu/
-#   tests/gpu/gpu_run.sh bench  on the GPU machine: the benchmark table of bench/bench.sh only
+#   tests/gpu/gpu_run.sh bench  on the GPU machine: the kernel micro-benchmarks (*_bench) and
+#                               the table of bench/bench.sh (KERNELS_ONLY=1: the former only)
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16, and 6 training steps of Qwen3-30B-A3B (48 and 4
@@ -18,18 +19,23 @@ families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen
 if [ "${1:-}" = pack ]; then
   golden="${GOLDEN:-../shared/golden}"
   tests=$(bazel query 'attr(tags, "\bgpu\b", tests(//runtime/...))' 2>/dev/null)
-  bazel build $tests //runtime/backends/cuda:device_probe_test //runtime/tools:moe-run \
+  # Kernel micro-benchmarks: cc_binary targets named *_bench next to the CUDA kernels.
+  benches=$(bazel query 'filter("_bench$", kind(cc_binary, //runtime/kernels/cuda/...))' 2>/dev/null)
+  bazel build $tests $benches //runtime/backends/cuda:device_probe_test //runtime/tools:moe-run \
     //tests/golden:moe-align //compiler/tools:moec
   bin="$(bazel info bazel-bin 2>/dev/null)"
-  rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/lib" "$pack/plans"
+  rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/bin/bench" "$pack/lib" "$pack/plans"
+  for b in $benches; do
+    path="${b#//}"; install -m 755 "$bin/${path/://}" "$pack/bin/bench/"
+  done
   for t in $tests //runtime/backends/cuda:device_probe_test; do
     path="${t#//}"; path="${path/://}"
     install -m 755 "$bin/$path" "$pack/bin/tests/$(echo "${t#//}" | tr '/:' '__')"
   done
   install -m 755 "$bin/runtime/tools/moe-run" "$bin/tests/golden/moe-align" "$pack/bin/"
-  strip "$pack"/bin/* "$pack"/bin/tests/* 2>/dev/null || true
+  strip "$pack"/bin/* "$pack"/bin/tests/* "$pack"/bin/bench/* 2>/dev/null || true
   # Libraries the binaries load that a bare GPU machine may lack (not glibc itself).
-  for f in "$pack"/bin/* "$pack"/bin/tests/*; do
+  for f in "$pack"/bin/* "$pack"/bin/tests/* "$pack"/bin/bench/*; do
     [ -f "$f" ] && ldd "$f" | awk '/=> \// {print $3}'
   done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcublas|libcublasLt|libnccl|libcuda)\.so' |
     while read -r lib; do
@@ -68,8 +74,11 @@ mkdir -p "$out"
 [ -f "$pack/pack.tar.xz" ] && tar -C "$pack" -xJf "$pack/pack.tar.xz"
 export LD_LIBRARY_PATH="$PWD/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
-if [ "$1" = bench ]; then # the single-GPU benchmark table (bench/bench.sh), nothing else
-  PATH="$PWD/$pack/bin:$PATH" bash bench/bench.sh run "$pack/plans/bench"
+if [ "$1" = bench ]; then # the kernel micro-benchmarks and the single-GPU table (bench/bench.sh)
+  for b in "$pack"/bin/bench/*; do
+    [ -f "$b" ] && { echo "===== $(basename "$b")"; "$b" || echo "FAILED: $(basename "$b")"; } 2>&1 | tee -a "$out/kernel_bench.log"
+  done
+  [ "${KERNELS_ONLY:-0}" = 1 ] || PATH="$PWD/$pack/bin:$PATH" bash bench/bench.sh run "$pack/plans/bench"
   exit 0
 fi
 nvidia-smi -L || true

@@ -4,13 +4,20 @@
 // gated silu / relu2, ungated, gpt-oss fused interleaved clamped SwiGLU with
 // in_out_layout and biases, expert LoRA on gate / up / down).
 //
-// Grouping: the launch copies `counts` to the host and synchronises the
-// stream ONCE (cudaMemcpyAsync + cudaStreamSynchronize) so that it can check
-// them like the CPU does (non-negative, adding up to the rows) and issue one
-// cuBLAS GEMM per expert and projection over that expert's rows (experts with
-// no rows are skipped; their weight gradients stay zero). A device-side
-// grouped GEMM reading the offsets would avoid the synchronisation; this is
-// the simple, obviously-correct version.
+// Grouping, with no host synchronisation: the expert row offsets are computed
+// on the device from `counts` (one tiny kernel), and every per-expert product
+// (projections, LoRA factors, input and weight gradients) is ONE grouped GEMM
+// launch over all experts (GroupedGemm.cuh) that reads those offsets; there is
+// no per-expert host loop. Experts with no rows contribute nothing; their
+// weight gradients are written as zero.
+//
+// Invalid counts: the host cannot see the counts without a synchronisation,
+// so the CPU's checks (non-negative, adding up to the tokens' rows) run on the
+// device in the offsets kernel. An invalid count is a device-side fault: the
+// kernel printf's the expert and count (or the sum) and executes __trap(). The
+// context's sticky CUDA error surfaces at the next synchronisation, where the
+// executor reports it (naming the step with MOEC_SYNC_STEPS=1). No later
+// kernel runs on bad offsets: the fault ends the context's work.
 //
 // Precision: GEMMs accumulate in f32. The pre-activations (p, g), the down
 // projection's output and the gradients of h and of the tokens are f32
@@ -25,10 +32,11 @@
 //===----------------------------------------------------------------------===//
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
-#include "runtime/kernels/cuda/CudaGemm.h"
+#include "runtime/kernels/cuda/routing/GroupedGemm.cuh"
 #include "runtime/kernels/cuda/routing/RoutingCommon.cuh"
 #include "runtime/kernels/cuda/routing/RoutingKernels.h"
 
@@ -72,41 +80,12 @@ struct Experts {
   const TensorRef *x = nullptr, *up = nullptr, *down = nullptr, *gate = nullptr;
   const TensorRef *upBias = nullptr, *downBias = nullptr, *counts = nullptr;
   Lora gateLora, upLora, downLora;
-  std::vector<int64_t> offset; // E + 1 row offsets (host)
-
-  int64_t count(int64_t e) const { return offset[e + 1] - offset[e]; }
 };
 
 OperandGroups expertOperands(const KernelContext &ctx) {
   std::vector<bool> optional(NumOperands, true);
   optional[Tokens] = optional[Counts] = optional[Up] = optional[Down] = false;
   return operandGroups(ctx, optional);
-}
-
-/// The counts on the host: the launch's one synchronisation.
-std::vector<int64_t> readCounts(const KernelContext &ctx, const TensorRef &counts) {
-  int64_t n = counts.numel();
-  std::vector<int64_t> host(n);
-  cudaStream_t stream = streamOf(ctx);
-  cudaError_t error = cudaSuccess;
-  if (n > 0) {
-    if (counts.dtype == plan::I64) {
-      error = cudaMemcpyAsync(host.data(), counts.data, n * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                              stream);
-      if (error == cudaSuccess)
-        error = cudaStreamSynchronize(stream);
-    } else {
-      std::vector<int32_t> narrow(n);
-      error = cudaMemcpyAsync(narrow.data(), counts.data, n * sizeof(int32_t),
-                              cudaMemcpyDeviceToHost, stream);
-      if (error == cudaSuccess)
-        error = cudaStreamSynchronize(stream);
-      std::copy(narrow.begin(), narrow.end(), host.begin());
-    }
-  }
-  if (error != cudaSuccess)
-    ctx.fail(std::string("cannot read counts: ") + cudaGetErrorString(error));
-  return host;
 }
 
 Experts parseExperts(const KernelContext &ctx, const OperandGroups &ops) {
@@ -205,16 +184,6 @@ Experts parseExperts(const KernelContext &ctx, const OperandGroups &ops) {
     ctx.fail("counts must be i64 (or i32)");
   ctx.expectShape(counts, "counts", {m.experts});
   m.counts = &counts;
-  std::vector<int64_t> host = readCounts(ctx, counts);
-  m.offset.assign(m.experts + 1, 0);
-  for (int64_t e = 0; e < m.experts; ++e) {
-    if (host[e] < 0)
-      ctx.fail("counts[" + std::to_string(e) + "] is negative");
-    m.offset[e + 1] = m.offset[e] + host[e];
-  }
-  if (m.offset[m.experts] != m.rows)
-    ctx.fail("counts add up to " + std::to_string(m.offset[m.experts]) + " rows, tokens has " +
-             std::to_string(m.rows));
   return m;
 }
 
@@ -245,42 +214,75 @@ void loadOperands(const KernelContext &ctx, const Experts &m, Operands &s) {
   s.downB = as(m.downLora.b, s.holders[8]);
 }
 
-__global__ void offsetsKernel(IndexIn counts, int64_t experts, int64_t *offsets) {
-  int64_t sum = 0;
-  offsets[0] = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    int64_t c = counts[e];
-    sum += c > 0 ? c : 0;
-    offsets[e + 1] = sum;
+/// The row offsets from the counts (one block: a prefix sum, kThreads
+/// experts at a time), and the CPU's checks on them: a bad count is a device
+/// fault (printf, then __trap; see the header).
+__global__ void offsetsKernel(IndexIn counts, int64_t experts, int64_t rows, int64_t *offsets) {
+  __shared__ int64_t warpSums[kThreads / 32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int64_t carry = 0;
+  if (threadIdx.x == 0)
+    offsets[0] = 0;
+  for (int64_t base = 0; base < experts; base += kThreads) {
+    int64_t e = base + threadIdx.x;
+    int64_t c = e < experts ? counts[e] : 0;
+    if (c < 0) {
+      printf("expert_mlp: counts[%lld] = %lld is negative\n", static_cast<long long>(e),
+             static_cast<long long>(c));
+      __trap();
+    }
+    int64_t v = c; // inclusive scan over the warp, then over the warps
+    for (int d = 1; d < 32; d <<= 1) {
+      int64_t o = __shfl_up_sync(0xffffffffu, v, d);
+      if (lane >= d)
+        v += o;
+    }
+    if (lane == 31)
+      warpSums[warp] = v;
+    __syncthreads();
+    int64_t before = carry, total = carry;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if (w < warp)
+        before += warpSums[w];
+      total += warpSums[w];
+    }
+    if (e < experts)
+      offsets[e + 1] = before + v;
+    carry = total;
+    __syncthreads(); // warpSums is rewritten next round
+  }
+  if (threadIdx.x == 0 && carry != rows) {
+    printf("expert_mlp: counts add up to %lld rows, tokens has %lld\n",
+           static_cast<long long>(carry), static_cast<long long>(rows));
+    __trap();
   }
 }
 
-/// The E + 1 row offsets on the device (from the device counts).
+/// The E + 1 row offsets on the device (from the device counts, checked there).
 DeviceBuffer deviceOffsets(const KernelContext &ctx, const Experts &m) {
   DeviceBuffer offsets(ctx, (m.experts + 1) * sizeof(int64_t));
-  offsetsKernel<<<1, 1, 0, streamOf(ctx)>>>(indexIn(*m.counts), m.experts, offsets.as<int64_t>());
+  offsetsKernel<<<1, kThreads, 0, streamOf(ctx)>>>(indexIn(*m.counts), m.experts, m.rows,
+                                                   offsets.as<int64_t>());
   checkLaunch(ctx, "expert_mlp: offsets");
   return offsets;
 }
 
-/// One expert's rows: x [n, in] times one projection of expert e into
-/// y [n, out] (y = beta * y + x W_eᵀ, or x W_e with in_out_layout).
-void project(const KernelContext &ctx, const Experts &m, plan::DType type, const void *x,
-             int64_t n, int64_t in, const void *w, int64_t e, int64_t out, float beta, void *y,
+/// Every expert's rows of x [R, in] through its projection into y [R, out]
+/// (y = beta * y + x W_eᵀ, or x W_e with in_out_layout).
+void project(const KernelContext &ctx, const Experts &m, const ExpertRows &g, plan::DType type,
+             const void *x, int64_t in, const void *w, int64_t out, float beta, void *y,
              plan::DType yType) {
-  const void *we = advance(w, type, e * in * out);
-  gemm(ctx, false, !m.inOut, n, out, in, 1.0f, x, in, we, m.inOut ? out : in, type, beta, y, out,
-       yType);
+  groupedGemm(ctx, g, out, in, 1.0f, x, in, w, m.inOut ? out : in, in * out, !m.inOut, type, beta,
+              y, out, yType);
 }
 
-/// y [n, out] (f32) += scale * (x A_eᵀ) B_eᵀ; z [n, r] (storage type) keeps x A_eᵀ.
-void addLora(const KernelContext &ctx, const Experts &m, plan::DType type, const void *a,
-             const void *b, int64_t rank, const void *x, int64_t n, int64_t in, int64_t e,
-             int64_t out, void *z, float *y) {
-  gemm(ctx, false, true, n, rank, in, 1.0f, x, in, advance(a, type, e * rank * in), in, type, 0.0f,
-       z, rank, type);
-  gemm(ctx, false, true, n, out, rank, static_cast<float>(m.loraScale), z, rank,
-       advance(b, type, e * out * rank), rank, type, 1.0f, y, out, plan::F32);
+/// y [R, out] (f32) += scale * (x A_eᵀ) B_eᵀ; z [R, r] (storage type) keeps x A_eᵀ.
+void addLora(const KernelContext &ctx, const Experts &m, const ExpertRows &g, plan::DType type,
+             const void *a, const void *b, int64_t rank, const void *x, int64_t in, int64_t out,
+             void *z, float *y) {
+  groupedGemm(ctx, g, rank, in, 1.0f, x, in, a, in, rank * in, true, type, 0.0f, z, rank, type);
+  groupedGemm(ctx, g, out, rank, static_cast<float>(m.loraScale), z, rank, b, rank, out * rank,
+              true, type, 1.0f, y, out, plan::F32);
 }
 
 /// y[row, c] += bias[expert of row, c] (f32 add, as the CPU).
@@ -436,7 +438,8 @@ struct Forward {
 /// p [R, upOut] and g [R, inter] (f32: projections, up bias, LoRA, in the
 /// CPU's order), zUp / zGate (LoRA products x Aᵀ), h [R, inter] (storage type).
 void forwardActivations(const KernelContext &ctx, const Experts &m, const Operands &s,
-                        const int64_t *offsets, Forward &f) {
+                        const ExpertRows &g, Forward &f) {
+  const int64_t *offsets = g.offsets;
   plan::DType type = s.type;
   int64_t R = m.rows, D = m.features, I = m.inter, U = m.upOut;
   f.p = DeviceBuffer(ctx, plan::F32, R * U);
@@ -447,31 +450,17 @@ void forwardActivations(const KernelContext &ctx, const Experts &m, const Operan
     f.zUp = DeviceBuffer(ctx, type, R * m.upLora.rank);
   if (m.gateLora)
     f.zGate = DeviceBuffer(ctx, type, R * m.gateLora.rank);
-  for (int64_t e = 0; e < m.experts; ++e) {
-    int64_t n = m.count(e), first = m.offset[e];
-    if (n == 0)
-      continue;
-    const void *x = advance(s.x, type, first * D);
-    project(ctx, m, type, x, n, D, s.up, e, U, 0.0f, f.p.as<float>() + first * U, plan::F32);
-    if (m.gate)
-      project(ctx, m, type, x, n, D, s.gate, e, I, 0.0f, f.g.as<float>() + first * I, plan::F32);
-  }
+  project(ctx, m, g, type, s.x, D, s.up, U, 0.0f, f.p.get(), plan::F32);
+  if (m.gate)
+    project(ctx, m, g, type, s.x, D, s.gate, I, 0.0f, f.g.get(), plan::F32);
   if (m.upBias)
     addBias(ctx, m, f.p.as<float>(), U, *m.upBias, offsets);
-  if (m.upLora || m.gateLora)
-    for (int64_t e = 0; e < m.experts; ++e) {
-      int64_t n = m.count(e), first = m.offset[e];
-      if (n == 0)
-        continue;
-      const void *x = advance(s.x, type, first * D);
-      if (m.upLora)
-        addLora(ctx, m, type, s.upA, s.upB, m.upLora.rank, x, n, D, e, I,
-                advance(f.zUp.get(), type, first * m.upLora.rank), f.p.as<float>() + first * U);
-      if (m.gateLora)
-        addLora(ctx, m, type, s.gateA, s.gateB, m.gateLora.rank, x, n, D, e, I,
-                advance(f.zGate.get(), type, first * m.gateLora.rank),
-                f.g.as<float>() + first * I);
-    }
+  if (m.upLora)
+    addLora(ctx, m, g, type, s.upA, s.upB, m.upLora.rank, s.x, D, I, f.zUp.get(),
+            f.p.as<float>());
+  if (m.gateLora)
+    addLora(ctx, m, g, type, s.gateA, s.gateB, m.gateLora.rank, s.x, D, I, f.zGate.get(),
+            f.g.as<float>());
   if (R * I > 0) {
     activateKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
         actParams(m), f.p.as<float>(), f.g.as<float>(), floatOut(f.h.get(), type));
@@ -484,46 +473,44 @@ struct ProjectionGrad {
   GemmTarget *dW = nullptr, *dA = nullptr, *dB = nullptr;
 };
 
-/// Backward of one projection y = x W_eᵀ (+ LoRA) of expert e's n rows: dW_e,
-/// the LoRA factors' gradients, and dx = dxBeta * dx + dy W_e (+ LoRA path),
-/// dx in f32. x, dy, z, dz in the storage type.
-void projectionBackward(const KernelContext &ctx, const Experts &m, plan::DType type,
-                        const void *w, const Lora &l, const void *la, const void *lb,
-                        const ProjectionGrad &grad, const void *x, const void *dy, const void *z,
-                        int64_t e, int64_t n, int64_t in, int64_t out, void *dz, float *dx,
+/// Backward of one projection y = x W_eᵀ (+ LoRA) over every expert's rows:
+/// dW_e, the LoRA factors' gradients, and dx = dxBeta * dx + dy W_e (+ LoRA
+/// path), dx in f32. x [R, in], dy [R, out], z [R, r], dz [R, r] scratch, all
+/// in the storage type.
+void projectionBackward(const KernelContext &ctx, const Experts &m, const ExpertRows &g,
+                        plan::DType type, const void *w, const Lora &l, const void *la,
+                        const void *lb, const ProjectionGrad &grad, const void *x, const void *dy,
+                        const void *z, int64_t in, int64_t out, void *dz, float *dx,
                         float dxBeta) {
   if (grad.dW) {
     GemmTarget &t = *grad.dW;
     if (m.inOut) // dW_e [in, out] = xᵀ dy
-      gemm(ctx, true, false, in, out, n, 1.0f, x, in, dy, out, type, 0.0f, t.at(e * in * out), out,
-           t.dtype());
+      groupedGemmReduce(ctx, g, in, out, 1.0f, x, in, dy, out, type, 0.0f, t.data(), out,
+                        in * out, t.dtype());
     else // dW_e [out, in] = dyᵀ x
-      gemm(ctx, true, false, out, in, n, 1.0f, dy, out, x, in, type, 0.0f, t.at(e * in * out), in,
-           t.dtype());
+      groupedGemmReduce(ctx, g, out, in, 1.0f, dy, out, x, in, type, 0.0f, t.data(), in,
+                        in * out, t.dtype());
   }
-  if (dx) {
-    const void *we = advance(w, type, e * in * out);
-    gemm(ctx, false, m.inOut, n, in, out, 1.0f, dy, out, we, m.inOut ? out : in, type, dxBeta, dx,
-         in, plan::F32);
-  }
+  if (dx) // W_e [out, in]: dy W_e; [in, out]: dy W_eᵀ
+    groupedGemm(ctx, g, in, out, 1.0f, dy, out, w, m.inOut ? out : in, in * out, m.inOut, type,
+                dxBeta, dx, in, plan::F32);
   if (!l)
     return;
   float scale = static_cast<float>(m.loraScale);
   int64_t r = l.rank;
   // y += scale z B_eᵀ with z = x A_eᵀ.
-  if (grad.dB)
-    gemm(ctx, true, false, out, r, n, scale, dy, out, z, r, type, 0.0f, grad.dB->at(e * out * r),
-         r, grad.dB->dtype());
+  if (grad.dB) // dB_e [out, r] = scale dyᵀ z
+    groupedGemmReduce(ctx, g, out, r, scale, dy, out, z, r, type, 0.0f, grad.dB->data(), r,
+                      out * r, grad.dB->dtype());
   if (!grad.dA && !dx)
     return;
-  gemm(ctx, false, false, n, r, out, scale, dy, out, advance(lb, type, e * out * r), r, type, 0.0f,
-       dz, r, type);
-  if (grad.dA)
-    gemm(ctx, true, false, r, in, n, 1.0f, dz, r, x, in, type, 0.0f, grad.dA->at(e * r * in), in,
-         grad.dA->dtype());
-  if (dx)
-    gemm(ctx, false, false, n, in, r, 1.0f, dz, r, advance(la, type, e * r * in), in, type, 1.0f,
-         dx, in, plan::F32);
+  // dz = scale dy B_e (B_e [out, r]).
+  groupedGemm(ctx, g, r, out, scale, dy, out, lb, r, out * r, false, type, 0.0f, dz, r, type);
+  if (grad.dA) // dA_e [r, in] = dzᵀ x
+    groupedGemmReduce(ctx, g, r, in, 1.0f, dz, r, x, in, type, 0.0f, grad.dA->data(), in, r * in,
+                      grad.dA->dtype());
+  if (dx) // dx += dz A_e (A_e [r, in])
+    groupedGemm(ctx, g, in, r, 1.0f, dz, r, la, in, r * in, false, type, 1.0f, dx, in, plan::F32);
 }
 
 } // namespace
@@ -534,15 +521,16 @@ void expertMlpForward(KernelContext &ctx) {
   const TensorRef &result = ctx.out(0);
   expectFloat(ctx, result, "result");
   ctx.expectShape(result, "result", {m.rows, m.features});
+  DeviceBuffer offsets = deviceOffsets(ctx, m); // checks the counts even without rows
   if (m.rows == 0 || m.features == 0)
     return;
   Operands s;
   loadOperands(ctx, m, s);
   plan::DType type = s.type;
   int64_t R = m.rows, D = m.features, I = m.inter;
-  DeviceBuffer offsets = deviceOffsets(ctx, m);
+  ExpertRows g{offsets.as<int64_t>(), m.experts, R};
   Forward f;
-  forwardActivations(ctx, m, s, offsets.as<int64_t>(), f);
+  forwardActivations(ctx, m, s, g, f);
 
   // y (f32): the result itself when it is f32, else scratch converted at the end.
   DeviceBuffer yScratch;
@@ -551,24 +539,12 @@ void expertMlpForward(KernelContext &ctx) {
     yScratch = DeviceBuffer(ctx, plan::F32, R * D);
     y = yScratch.as<float>();
   }
-  for (int64_t e = 0; e < m.experts; ++e) {
-    int64_t n = m.count(e), first = m.offset[e];
-    if (n == 0)
-      continue;
-    project(ctx, m, type, advance(f.h.get(), type, first * I), n, I, s.down, e, D, 0.0f,
-            y + first * D, plan::F32);
-  }
+  project(ctx, m, g, type, f.h.get(), I, s.down, D, 0.0f, y, plan::F32);
   if (m.downBias)
-    addBias(ctx, m, y, D, *m.downBias, offsets.as<int64_t>());
+    addBias(ctx, m, y, D, *m.downBias, g.offsets);
   if (m.downLora) {
     DeviceBuffer z(ctx, type, R * m.downLora.rank);
-    for (int64_t e = 0; e < m.experts; ++e) {
-      int64_t n = m.count(e), first = m.offset[e];
-      if (n == 0)
-        continue;
-      addLora(ctx, m, type, s.downA, s.downB, m.downLora.rank, advance(f.h.get(), type, first * I),
-              n, I, e, D, advance(z.get(), type, first * m.downLora.rank), y + first * D);
-    }
+    addLora(ctx, m, g, type, s.downA, s.downB, m.downLora.rank, f.h.get(), I, D, z.get(), y);
   }
   if (yScratch.get())
     convertFloats(ctx, y, plan::F32, result.data, result.dtype, R * D);
@@ -585,14 +561,15 @@ void expertMlpBackward(KernelContext &ctx) {
     return;
   expectFloat(ctx, *dResult, "gradient of result");
   ctx.expectShape(*dResult, "gradient of result", {m.rows, m.features});
+  DeviceBuffer offsets = deviceOffsets(ctx, m); // checks the counts even without rows
   if (m.rows == 0)
     return;
   Operands s;
   loadOperands(ctx, m, s);
   plan::DType type = s.type;
   int64_t R = m.rows, D = m.features, I = m.inter, U = m.upOut;
-  DeviceBuffer offsets = deviceOffsets(ctx, m);
   const int64_t *off = offsets.as<int64_t>();
+  ExpertRows g{off, m.experts, R};
   DeviceBuffer dyHolder;
   const void *dy = asDtype(ctx, *dResult, type, dyHolder);
 
@@ -620,18 +597,13 @@ void expertMlpBackward(KernelContext &ctx) {
 
   // Recompute the forward's activations.
   Forward f;
-  forwardActivations(ctx, m, s, off, f);
+  forwardActivations(ctx, m, s, g, f);
   DeviceBuffer zDown;
   if (m.downLora) { // z = h A_downᵀ, as the forward computed it
-    zDown = DeviceBuffer(ctx, type, R * m.downLora.rank);
-    for (int64_t e = 0; e < m.experts; ++e) {
-      int64_t n = m.count(e), first = m.offset[e];
-      if (n == 0)
-        continue;
-      gemm(ctx, false, true, n, m.downLora.rank, I, 1.0f, advance(f.h.get(), type, first * I), I,
-           advance(s.downA, type, e * m.downLora.rank * I), I, type, 0.0f,
-           advance(zDown.get(), type, first * m.downLora.rank), m.downLora.rank, type);
-    }
+    int64_t r = m.downLora.rank;
+    zDown = DeviceBuffer(ctx, type, R * r);
+    groupedGemm(ctx, g, r, I, 1.0f, f.h.get(), I, s.downA, I, r * I, true, type, 0.0f,
+                zDown.get(), r, type);
   }
   int64_t maxRank = std::max({m.gateLora.rank, m.upLora.rank, m.downLora.rank});
   DeviceBuffer dz(ctx, type, R * maxRank);
@@ -642,15 +614,8 @@ void expertMlpBackward(KernelContext &ctx) {
 
   if (dDownBias)
     biasGrad(ctx, m, floatIn(*dResult), D, *dDownBias, off);
-  for (int64_t e = 0; e < m.experts; ++e) {
-    int64_t n = m.count(e), first = m.offset[e];
-    if (n == 0)
-      continue;
-    projectionBackward(ctx, m, type, s.down, m.downLora, s.downA, s.downB, downGrad,
-                       advance(f.h.get(), type, first * I), advance(dy, type, first * D),
-                       advance(zDown.get(), type, first * m.downLora.rank), e, n, I, D, dz.get(),
-                       dh.as<float>() + first * I, 0.0f);
-  }
+  projectionBackward(ctx, m, g, type, s.down, m.downLora, s.downA, s.downB, downGrad, f.h.get(), dy,
+                     zDown.get(), I, D, dz.get(), dh.as<float>(), 0.0f);
   if (R * I > 0) {
     activationGradKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
         actParams(m), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),
@@ -659,22 +624,11 @@ void expertMlpBackward(KernelContext &ctx) {
   }
   if (dUpBias)
     biasGrad(ctx, m, floatIn(dp.get(), type), U, *dUpBias, off);
-  for (int64_t e = 0; e < m.experts; ++e) {
-    int64_t n = m.count(e), first = m.offset[e];
-    if (n == 0)
-      continue;
-    const void *x = advance(s.x, type, first * D);
-    float *dxe = dx ? dx + first * D : nullptr;
-    projectionBackward(ctx, m, type, s.up, m.upLora, s.upA, s.upB, upGrad, x,
-                       advance(dp.get(), type, first * U),
-                       advance(f.zUp.get(), type, first * m.upLora.rank), e, n, D, U, dz.get(), dxe,
-                       0.0f);
-    if (m.gate)
-      projectionBackward(ctx, m, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, x,
-                         advance(dg.get(), type, first * I),
-                         advance(f.zGate.get(), type, first * m.gateLora.rank), e, n, D, I,
-                         dz.get(), dxe, 1.0f);
-  }
+  projectionBackward(ctx, m, g, type, s.up, m.upLora, s.upA, s.upB, upGrad, s.x, dp.get(),
+                     f.zUp.get(), D, U, dz.get(), dx, 0.0f);
+  if (m.gate)
+    projectionBackward(ctx, m, g, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, s.x,
+                       dg.get(), f.zGate.get(), D, I, dz.get(), dx, 1.0f);
   for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
     t->finish(ctx);
   if (dxScratch.get())

@@ -4,15 +4,27 @@
 // interleaved clamped SwiGLU in both layouts with biases, expert LoRA on
 // every projection / some projections) on its small shapes (an expert with
 // no rows), then ragged loads over 8, 64 and 256 experts with odd sizes.
-// Backwards request every float operand's gradient, and some subsets.
+// The grouped GEMMs' edges: one expert holding most rows (several 128-row
+// tiles) next to empty experts, row counts around the tile (127 / 128 / 129),
+// in / out not multiples of 8 (in = 72, out = 100: the element-wise tile
+// path) and multiples of 8 over several tiles (the cp.async path), LoRA
+// ranks that are and are not multiples of 8. Backwards request every float
+// operand's gradient, and some subsets. Invalid counts fault on the device
+// (death tests in a fresh process).
 //
 //===----------------------------------------------------------------------===//
 
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+
+#include <sys/wait.h>
 
 #include "runtime/kernels/cuda/routing/RoutingCudaTestUtil.h"
 
@@ -249,8 +261,127 @@ TEST(CudaExpertMlp, Ragged64ExpertsSiluUngatedWithUpLora) {
   expectBoth(c);
 }
 
-// Launch checks on the host (no GPU needed). The counts' sum is checked after
-// reading them from the device, so it is not among these.
+// Grouped-GEMM edges ----------------------------------------------------------
+
+/// One expert with most rows (3 row tiles), empty experts around it; in = 72
+/// (copy chunks) and out = 100 (element-wise), LoRA rank 16 on every projection.
+TEST(CudaExpertMlp, OneExpertHoldsMostRowsIn72Out100WithLora) {
+  ExpertCase c = raggedCase("silu", true, {0, 300, 0, 2, 0, 1, 0, 0}, 72, 100, 301);
+  addLora(c, true, true, true, 302, 16);
+  expectBoth(c);
+}
+
+/// The transposed sizes (in = 100: element-wise up projections), rank 3.
+TEST(CudaExpertMlp, OneExpertHoldsMostRowsIn100Out72WithLora) {
+  ExpertCase c = raggedCase("relu2", false, {1, 0, 290, 0, 4}, 100, 72, 311);
+  addLora(c, false, true, true, 312, 3);
+  expectBoth(c);
+}
+
+/// Rows around the 128-row tile, sizes that are multiples of 8 over several
+/// 128-wide tiles but of no tile (136 in, 264 hidden): the cp.async path.
+TEST(CudaExpertMlp, RowsAroundTheTileChunkedSizesWithLora) {
+  ExpertCase c = raggedCase("silu", true, {129, 0, 128, 127, 0, 40, 1}, 136, 264, 321);
+  addLora(c, true, false, true, 322, 8);
+  expectBoth(c);
+}
+
+/// gpt-oss (fused, biases, in_out_layout and not) with one dominant expert.
+TEST(CudaExpertMlp, GptOssOneExpertHoldsMostRows) {
+  for (bool inOut : {true, false})
+    expectBoth(awayFromClamps(
+        [inOut](uint64_t s) { return gptOssCase(inOut, {0, 150, 0, 3, 1}, 40, 36, s); }, 331));
+}
+
+/// Many experts with skewed loads and moderate sizes.
+TEST(CudaExpertMlp, Ragged128ExpertsSiluGatedWithLora) {
+  ExpertCase c = raggedCase("silu", true, routedCounts(160, 8, 128, 341), 64, 48, 342);
+  addLora(c, true, true, true, 343, 8);
+  expectBoth(c);
+}
+
+// Invalid counts fault on the device ----------------------------------------------
+
+/// Runs the CUDA kernel of `call` on device copies of its inputs (f32 as
+/// given) and exits: 2 if it refused the launch, 3 with "device fault: ..." on
+/// stderr if the stream reports an error, 0 otherwise.
+[[noreturn]] void runAndExit(KernelCall call) {
+  const KernelFn *fn = cudaRegistry().find(call.kernelName());
+  KernelContext ctx;
+  ctx.kernel = call.kernelName();
+  for (OwnedTensor &t : call.inputsRef()) {
+    TensorRef ref = t.ref();
+    size_t bytes = t.bytes.size();
+    cudaMalloc(&ref.data, std::max<size_t>(bytes, 1));
+    cudaMemcpy(ref.data, t.bytes.data(), bytes, cudaMemcpyHostToDevice);
+    ctx.inputs.push_back(ref);
+  }
+  for (size_t i = 0; i < call.numOutputs(); ++i) {
+    TensorRef ref = call.result(i).ref();
+    size_t bytes = call.result(i).bytes.size();
+    cudaMalloc(&ref.data, std::max<size_t>(bytes, 1));
+    ctx.outputs.push_back(ref);
+  }
+  ctx.attrs = &call.attributes();
+  ctx.seqLen = call.inputsRef()[0].shape[0];
+  ctx.microBatch = 1;
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  ctx.stream = stream;
+  try {
+    (*fn)(ctx);
+  } catch (const KernelError &e) {
+    std::fprintf(stderr, "refused: %s\n", e.what());
+    std::exit(2);
+  }
+  cudaError_t error = cudaStreamSynchronize(stream);
+  std::fflush(stdout); // the device's printf
+  if (error != cudaSuccess) {
+    std::fprintf(stderr, "device fault: %s\n", cudaGetErrorString(error));
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+void expectDeviceFault(KernelCall call) {
+  std::string why;
+  if (!moec::runtime::testing::cudaDeviceAvailable(&why))
+    GTEST_SKIP() << why;
+  // A fresh process (fork + exec): the fault poisons its CUDA context.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The trap surfaces either at the stream synchronisation (exit 3) or already at the launch
+  // check of a later kernel of the same call (exit 2, "unspecified launch failure").
+  auto faulted = [](int status) {
+    return WIFEXITED(status) && (WEXITSTATUS(status) == 2 || WEXITSTATUS(status) == 3);
+  };
+  EXPECT_EXIT(runAndExit(std::move(call)), faulted, "device fault: |unspecified launch failure");
+}
+
+TEST(CudaExpertMlpDeathTest, NegativeCountFaults) {
+  for (bool backward : {false, true}) {
+    ExpertCase c = baseCase("silu", true, 201);
+    KernelCall forward = expertCall(c);
+    forward.inputsRef()[1] = indexTensor(plan::I64, {3}, {5, -1, 3}); // adds up to the 7 rows
+    if (!backward) {
+      expectDeviceFault(std::move(forward));
+      continue;
+    }
+    std::vector<OwnedTensor> grads{
+        tensorOf({c.rows(), c.features}, randomBf16(c.rows() * c.features, 202))};
+    KernelCall call = backwardCall(registry(), forward, {0, 2}, {0}, grads);
+    expectDeviceFault(std::move(call));
+  }
+}
+
+TEST(CudaExpertMlpDeathTest, CountsNotAddingUpToTheRowsFault) {
+  ExpertCase c = baseCase("silu", true, 211);
+  KernelCall call = expertCall(c);
+  call.inputsRef()[1] = indexTensor(plan::I32, {3}, {4, 0, 2}); // 6 of 7 rows
+  expectDeviceFault(std::move(call));
+}
+
+// Launch checks on the host (no GPU needed). The counts are checked on the
+// device (see the death tests), so they are not among these.
 TEST(CudaExpertMlpErrors, BadLaunchesNameTheProblem) {
   {
     expectRefused(expertCall(baseCase("gelu_tanh", true, 102)),
