@@ -11,7 +11,8 @@
 # 16384 tokens. bf16, batch 1, LoRA r=32 alpha=64 on the attention projections, AdamW, random
 # weights, median of STEPS (4) steps after WARMUP (2). The reference uses gradient checkpointing
 # (GPU.md's settings). TFLOP/s for both is the plan's model FLOPs over the step time; MFU is that
-# over the bf16 GEMM rate measured in the same run (torch.matmul 8192^3).
+# over the bf16 GEMM rate measured in the same run (torch.matmul 8192^3). Then the loss curves of
+# both over 20 steps from the same weights, adapter and data (bench/loss_agreement.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${STEPS:-4}"; warmup="${WARMUP:-2}"
@@ -44,6 +45,10 @@ if [ "${1:-}" = plans ]; then
     "$moec" compile "${config[$p]}" --lora-rank 32 --lora-alpha 64 --lora-targets "$(targets_of $p)" \
       --seq-len "${tokens[$p]}" --lr 1e-4 --warmup-steps 0 "${extra[@]}" -o "$dir/$p.moeplan"
   done
+  # The loss-curve check (bench/loss_agreement.py): P1's shapes with 4 layers, its optimizer.
+  "$moec" compile tests/gpu/Inputs/qwen3-30b-a3b-4layers.json --lora-rank 32 --lora-alpha 64 \
+    --lora-targets $attention --seq-len 4096 --lr 1e-3 --warmup-steps 0 --schedule constant \
+    --max-grad-norm 1.0 --weight-decay 0 -o "$dir/loss.moeplan"
   exit 0
 fi
 
@@ -92,3 +97,11 @@ done
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "${OUT:-/tmp}/bench.md"
+
+# The same numbers: 20 steps of both from the same weights, adapter and data (bf16 tolerance).
+work="${TMPDIR:-/tmp}/moec-loss"; rm -rf "$work"
+python3 bench/loss_agreement.py prepare tests/gpu/Inputs/qwen3-30b-a3b-4layers.json "$work" 2>&1 | tail -1
+moe-run train --backend cuda --plan "$dir/loss.moeplan" --model "$work/model" --adapter "$work/adapter0" \
+  --data "$work/data.jsonl" --steps 20 --in-order --log-every 5 --checkpoint-every 1000 --out "$work/ours" 2>&1 | tail -2
+python3 bench/loss_agreement.py compare "$work" "$work/ours/metrics.jsonl" | tee "${OUT:-/tmp}/loss_agreement.txt"
+rm -rf "$work"

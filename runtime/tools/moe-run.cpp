@@ -1,7 +1,7 @@
 //===- moe-run.cpp - the MoEC runtime driver -------------------------------===//
 //
 //   moe-run train --plan P (--model DIR | --random-weights SEED) --data FILE [--out DIR] [--steps N] [--adapter DIR]
-//                 [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]
+//                 [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]
 //                 [--backend cpu|cuda]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
 //   moe-run bench --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]
@@ -227,8 +227,8 @@ int runTrain(Args &args) {
       !args.integer("checkpoint-every", 100, checkpointEvery, error) ||
       !args.integer("log-every", 10, logEvery, error) || !args.integer("seed", 0, seed, error))
     return fail(error);
-  bool resume = false;
-  if (!args.flag("resume", resume, error))
+  bool resume = false, inOrder = false;
+  if (!args.flag("resume", resume, error) || !args.flag("in-order", inOrder, error))
     return fail(error);
   std::string adapterDir = args.get("adapter");
   if (auto unknown = args.unknown(); !unknown.empty())
@@ -241,7 +241,7 @@ int runTrain(Args &args) {
   data::LoaderOptions loaderOptions;
   loaderOptions.microBatch = session.plan.micro_batch();
   loaderOptions.seqLen = session.plan.seq_len();
-  loaderOptions.shuffle = true;
+  loaderOptions.shuffle = !inOrder; // --in-order: the data's windows in file order (comparisons)
   loaderOptions.seed = static_cast<uint64_t>(seed);
   absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
       data::DataLoader::create(std::shared_ptr<const data::Dataset>(std::move(*dataset)), loaderOptions);
@@ -498,7 +498,7 @@ int main(int argc, char **argv) {
   std::cerr << "usage: moe-run <command> [options]\n"
                "  train    --plan P (--model DIR | --random-weights SEED [--initializer-range R])\n"
                "           --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
-               "           [--checkpoint-every N] [--resume] [--seed S] [--threads N] [--log-every N]\n"
+               "           [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]\n"
                "           [--backend cpu|cuda]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
                "  bench    --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]\n"
