@@ -36,6 +36,10 @@ public:
     std::memcpy(host, src, bytes);
     return absl::OkStatus();
   }
+  absl::Status copy(void *dst, const void *src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
   absl::Status zero(void *dst, size_t bytes) override {
     std::memset(dst, 0, bytes);
     return absl::OkStatus();

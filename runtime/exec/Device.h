@@ -31,6 +31,8 @@ public:
   virtual void release(void *memory) = 0;
   virtual absl::Status upload(void *dst, const void *host, size_t bytes) = 0;
   virtual absl::Status download(void *host, const void *src, size_t bytes) = 0;
+  /// Copies device memory to device memory, ordered with the kernels.
+  virtual absl::Status copy(void *dst, const void *src, size_t bytes) = 0;
   /// Zeroes device memory, ordered with the kernels.
   virtual absl::Status zero(void *dst, size_t bytes) = 0;
   /// Waits for every kernel launched so far; reports an asynchronous failure.

@@ -292,6 +292,25 @@ absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
                               const google::protobuf::Map<std::string, plan::Attr> &attrs,
                               const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
                               bool zeroOutputs) {
+  std::vector<TensorRef> in, out;
+  for (uint32_t id : inputs)
+    in.push_back(buffer(id));
+  for (uint32_t id : outputs) {
+    out.push_back(buffer(id));
+    if (zeroOutputs)
+      if (absl::Status z = dev->zero(out.back().data,
+                                     static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
+          !z.ok())
+        return z;
+  }
+  if (absl::Status s = invokeOn(fn, kernel, attrs, std::move(in), std::move(out)); !s.ok())
+    return s;
+  return roundEmulated(outputs);
+}
+
+absl::Status Executor::invokeOn(const KernelFn &fn, const std::string &kernel,
+                                const google::protobuf::Map<std::string, plan::Attr> &attrs,
+                                std::vector<TensorRef> inputs, std::vector<TensorRef> outputs) {
   KernelContext ctx;
   ctx.kernel = kernel;
   ctx.attrs = &attrs;
@@ -299,22 +318,14 @@ absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
   ctx.microBatch = plan->micro_batch();
   ctx.pool = dev->pool();
   ctx.stream = dev->stream();
-  for (uint32_t id : inputs)
-    ctx.inputs.push_back(buffer(id));
-  for (uint32_t id : outputs) {
-    ctx.outputs.push_back(buffer(id));
-    if (zeroOutputs)
-      if (absl::Status z = dev->zero(ctx.outputs.back().data,
-                                     static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
-          !z.ok())
-        return z;
-  }
+  ctx.inputs = std::move(inputs);
+  ctx.outputs = std::move(outputs);
   try {
     fn(ctx);
   } catch (const KernelError &error) {
     return absl::InternalError(error.what());
   }
-  return roundEmulated(outputs);
+  return absl::OkStatus();
 }
 
 absl::Status Executor::run(const std::function<void(int)> &afterStep) {
@@ -354,6 +365,15 @@ absl::Status Executor::launch(const std::string &kernel, const std::vector<uint3
   if (!fn)
     return absl::UnimplementedError(absl::StrCat("the ", dev->name(), " backend has no kernel '", kernel, "'"));
   return invoke(*fn, kernel, attrs, inputs, outputs, /*zeroOutputs=*/false);
+}
+
+absl::Status Executor::launchOn(const std::string &kernel, std::vector<TensorRef> inputs,
+                                std::vector<TensorRef> outputs,
+                                const google::protobuf::Map<std::string, plan::Attr> &attrs) {
+  const KernelFn *fn = dev->kernels().find(kernel);
+  if (!fn)
+    return absl::UnimplementedError(absl::StrCat("the ", dev->name(), " backend has no kernel '", kernel, "'"));
+  return invokeOn(*fn, kernel, attrs, std::move(inputs), std::move(outputs));
 }
 
 absl::StatusOr<float> Executor::loss() {

@@ -68,6 +68,12 @@ public:
                       const std::vector<uint32_t> &outputs,
                       const google::protobuf::Map<std::string, plan::Attr> &attrs);
 
+  /// The same on tensors the caller owns (device memory of this executor's device), e.g. a
+  /// scratch result next to plan buffers; no bf16 emulation applies.
+  absl::Status launchOn(const std::string &kernel, std::vector<TensorRef> inputs,
+                        std::vector<TensorRef> outputs,
+                        const google::protobuf::Map<std::string, plan::Attr> &attrs);
+
   /// The scalar in the INPUT buffer `loss`.
   absl::StatusOr<float> loss();
 
@@ -90,6 +96,9 @@ private:
                       const google::protobuf::Map<std::string, plan::Attr> &attrs,
                       const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
                       bool zeroOutputs);
+  absl::Status invokeOn(const KernelFn &fn, const std::string &kernel,
+                        const google::protobuf::Map<std::string, plan::Attr> &attrs,
+                        std::vector<TensorRef> inputs, std::vector<TensorRef> outputs);
 
   /// Rewrites the owned plan copy for bf16 emulation (see the file comment).
   void emulateBf16(int rank);

@@ -199,10 +199,12 @@ absl::Status exportAdapter(const std::string &dir, Session &session) {
   spec.taskType = "CAUSAL_LM";
   std::vector<peft::NamedTensor> tensors;
   const moec::plan::Rank &rank = session.plan.ranks(0);
-  std::map<std::string, std::vector<float>> values = session.trainer->adapter();
+  absl::StatusOr<std::map<std::string, std::vector<float>>> values = session.trainer->adapter();
+  if (!values.ok())
+    return values.status();
   for (const moec::plan::LoraTensor &t : lora.tensors()) {
     const auto &shape = rank.buffers(static_cast<int>(t.param())).shape();
-    tensors.push_back({t.peft_name(), std::vector<int64_t>(shape.begin(), shape.end()), values[t.peft_name()]});
+    tensors.push_back({t.peft_name(), std::vector<int64_t>(shape.begin(), shape.end()), (*values)[t.peft_name()]});
   }
   return peft::exportAdapter(dir, spec, tensors);
 }

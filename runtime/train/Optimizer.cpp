@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/kernels/checks/core/AdamW.h"
+
 namespace moec::runtime {
 
 double learningRate(const plan::Optimizer &o, int64_t step) {
@@ -23,24 +25,9 @@ double learningRate(const plan::Optimizer &o, int64_t step) {
 
 void adamwUpdate(const plan::Optimizer &o, double lr, int64_t step, float *param, const float *grad,
                  float *m, float *v, int64_t n) {
-  // In float, in PyTorch's order of operations (single-tensor AdamW, foreach off).
-  // 1 - beta in double, then to float, as PyTorch passes these Python floats to its kernels.
-  const float w1 = static_cast<float>(1.0 - o.beta1()), w2 = static_cast<float>(1.0 - o.beta2());
-  const float b2 = static_cast<float>(o.beta2());
-  const double t = static_cast<double>(step + 1);
-  const double correction1 = 1.0 - std::pow(o.beta1(), t);
-  const double correction2 = 1.0 - std::pow(o.beta2(), t);
-  const float stepSize = static_cast<float>(lr / correction1);
-  const float sqrtCorrection2 = static_cast<float>(std::sqrt(correction2));
-  const float decay = static_cast<float>(1.0 - lr * o.weight_decay());
-  const float eps = static_cast<float>(o.eps());
-  for (int64_t i = 0; i < n; ++i) {
-    param[i] *= decay;
-    m[i] = m[i] + w1 * (grad[i] - m[i]); // torch: m.lerp_(grad, 1 - beta1)
-    v[i] = v[i] * b2 + w2 * (grad[i] * grad[i]);
-    float denom = std::sqrt(v[i]) / sqrtCorrection2 + eps;
-    param[i] -= stepSize * (m[i] / denom);
-  }
+  AdamWConstants c = adamwConstants(lr, step, o.beta1(), o.beta2(), o.eps(), o.weight_decay(), 1.0);
+  for (int64_t i = 0; i < n; ++i)
+    adamwElement(c, param[i], grad[i], m[i], v[i]);
 }
 
 double globalNorm(const std::vector<std::pair<const float *, int64_t>> &grads) {

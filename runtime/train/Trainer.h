@@ -2,11 +2,12 @@
 //
 // One training step = inputs in, forward and backward through the plan,
 // global-norm clipping, AdamW on every trainable tensor of the plan's LoRA
-// layout. The trainer keeps f32 master copies of the adapter and the AdamW
-// moments on the host (the device holds the parameters in the plan's dtype,
-// uploaded after each update). Checkpoints hold the adapter, the moments and
-// the step count in one safetensors file, written atomically, so a resumed
-// run takes the bit-identical next step.
+// layout. The adapter (f32) and its AdamW moments live in the plan's
+// LORA_PARAM and OPTIMIZER_STATE buffers on the device and are updated there
+// (the `sum_squares` and `adamw` kernels); per step the host reads one sum of
+// squares per tensor and the expert counts, nothing else. Checkpoints hold the
+// adapter, the moments and the step count in one safetensors file, written
+// atomically, so a resumed run takes the bit-identical next step.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,6 +38,9 @@ struct StepStats {
 class Trainer {
 public:
   explicit Trainer(Executor &executor);
+  ~Trainer();
+  Trainer(const Trainer &) = delete;
+  Trainer &operator=(const Trainer &) = delete;
 
   /// PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
   /// a = sqrt(5)), B = 0, from `seed` and each tensor's name.
@@ -44,8 +48,8 @@ public:
   /// Sets the adapter tensors from `tensors` (PEFT name -> f32 values, stacked for
   /// `{expert}` names); every plan tensor must be there with its size.
   absl::Status setAdapter(const std::map<std::string, std::vector<float>> &tensors);
-  /// The adapter as PEFT name -> f32 values (stacked for `{expert}` names).
-  std::map<std::string, std::vector<float>> adapter() const;
+  /// The adapter as PEFT name -> f32 values (stacked for `{expert}` names), read from the device.
+  absl::StatusOr<std::map<std::string, std::vector<float>>> adapter();
   absl::StatusOr<std::map<std::string, std::vector<float>>> gradients();
   /// Shapes of the adapter tensors, by PEFT name.
   std::map<std::string, std::vector<int64_t>> shapes() const;
@@ -58,7 +62,7 @@ public:
   absl::StatusOr<StepStats> trainStep(const Batch &batch);
 
   /// Writes params, moments, step and `extra` metadata to `path` (temp file + fsync + rename).
-  absl::Status saveCheckpoint(const std::string &path, const std::map<std::string, std::string> &extra) const;
+  absl::Status saveCheckpoint(const std::string &path, const std::map<std::string, std::string> &extra);
   /// Restores what saveCheckpoint wrote; `extra` receives its metadata.
   absl::Status loadCheckpoint(const std::string &path, std::map<std::string, std::string> &extra);
 
@@ -67,14 +71,19 @@ public:
 private:
   struct Tensor {
     std::string name;
-    uint32_t param, grad;
+    uint32_t param, grad, m, v; // plan buffers (f32)
     std::vector<int64_t> shape;
-    std::vector<float> master, m, v; // f32, on the host
+    size_t size;
   };
-  absl::Status upload(const Tensor &t) { return executor.writeFloats(t.param, t.master); }
+  /// Copies the counts of each forward dispatch into `countsCopy` as the step runs.
+  void copyExpertCounts(int step);
 
   Executor &executor;
   std::vector<Tensor> tensors;
+  void *sums = nullptr;       // device: one f32 sum of squares per tensor
+  void *countsCopy = nullptr; // device: every MoE layer's counts of this step
+  size_t countsBytes = 0;
+  std::vector<std::pair<int, size_t>> countsLayout; // (layer, offset in countsCopy)
   int64_t steps = 0;
   float lastLoss = 0;
   std::map<int, std::vector<int64_t>> lastLoad;

@@ -296,7 +296,10 @@ int main(int argc, char **argv) {
   // element whose reference gradient is at the rounding noise of its tensor (below 1e-4 of
   // the tensor's RMS gradient) can legitimately move either way: those elements are held to
   // 2 lr per step instead, and the line says how many there were.
-  std::map<std::string, std::vector<float>> after = trainer.adapter();
+  absl::StatusOr<std::map<std::string, std::vector<float>>> adapted = trainer.adapter();
+  if (!adapted.ok())
+    return fail(std::string(adapted.status().message()));
+  std::map<std::string, std::vector<float>> &after = *adapted;
   for (const weights::TensorInfo &info : golden.file->tensors()) {
     if (info.name.rfind("lora.after3.", 0) != 0)
       continue;

@@ -65,6 +65,9 @@ public:
       return s;
     return synchronize();
   }
+  absl::Status copy(void *dst, const void *src, size_t bytes) override {
+    return cudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cudaStream), "copy on the GPU");
+  }
   absl::Status zero(void *dst, size_t bytes) override {
     return cudaStatus(cudaMemsetAsync(dst, 0, bytes, cudaStream), "cudaMemsetAsync");
   }

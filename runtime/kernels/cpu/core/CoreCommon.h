@@ -44,6 +44,8 @@ void registerElementwiseKernels(KernelRegistry &registry);
 void registerTokenKernels(KernelRegistry &registry);
 /// fill_random (Random.cpp): random weights, as on the GPU (../../RandomFill.h).
 void registerRandomKernels(KernelRegistry &registry);
+/// sum_squares and adamw (Optimizer.cpp): the trainer's optimizer step.
+void registerOptimizerKernels(KernelRegistry &registry);
 
 } // namespace moec::runtime::cpu::core
 

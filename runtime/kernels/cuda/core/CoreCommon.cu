@@ -14,6 +14,7 @@ void registerCoreKernels(KernelRegistry &registry) {
   core::registerElementwiseKernels(registry);
   core::registerTokenKernels(registry);
   core::registerRandomKernels(registry);
+  core::registerOptimizerKernels(registry);
 }
 
 namespace core {

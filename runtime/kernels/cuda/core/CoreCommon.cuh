@@ -273,6 +273,8 @@ void registerElementwiseKernels(KernelRegistry &registry);
 void registerTokenKernels(KernelRegistry &registry);
 /// fill_random (Random.cu): random weights, as on the CPU (runtime/kernels/RandomFill.h).
 void registerRandomKernels(KernelRegistry &registry);
+/// sum_squares and adamw (Optimizer.cu): the trainer's optimizer step.
+void registerOptimizerKernels(KernelRegistry &registry);
 
 } // namespace moec::runtime::cuda::core
 
