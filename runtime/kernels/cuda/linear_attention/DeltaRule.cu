@@ -1,12 +1,13 @@
 //===- DeltaRule.cu - the gated delta rule on the GPU, recurrent form -------===//
 //
-// The recurrent form of cpu/linear_attention/DeltaRule.cpp, token by token
-// (a chunked, tensor-core form can replace it later; this one is the simple,
-// obviously-correct first version). The state S of one (sequence, value head)
-// is [dk, dv] f32 in shared memory; thread j owns column j of S: the delta
-// rule never mixes columns of S in the forward (m_j = sum_i S_ij k_i,
-// u_j = beta (v_j - m_j), S_:j += k u_j, o_j = sum_i S_ij q_i), so a column
-// needs no other thread. Dot products accumulate in double.
+// The recurrent form of cpu/linear_attention/DeltaRule.cpp, token by token:
+// the simple, obviously-correct form, kept as the fallback of the chunked one
+// (ChunkedDeltaRule.cu) and the only form of KDA's per-channel decay. The
+// state S of one (sequence, value head) is [dk, dv] f32 in shared memory;
+// thread j owns column j of S: the delta rule never mixes columns of S in the
+// forward (m_j = sum_i S_ij k_i, u_j = beta (v_j - m_j), S_:j += k u_j,
+// o_j = sum_i S_ij q_i), so a column needs no other thread. Dot products
+// accumulate in double.
 //
 // Forward: grid (sequences * heads, ceil(dv / 32)), 32 threads (one per
 // column), shared memory (32 * dk + 3 * dk) floats.
@@ -218,29 +219,6 @@ __global__ void __launch_bounds__(kMaxBackwardThreads) deltaBackwardKernel(Backw
   }
 }
 
-int maxSharedBytes(const KernelContext &ctx) {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-    ctx.fail("cannot query the device's shared memory per block");
-  return bytes;
-}
-
-template <typename Kernel>
-void allowSharedBytes(const KernelContext &ctx, Kernel kernel, size_t bytes, const char *what) {
-  if (bytes <= 48 * 1024)
-    return;
-  int limit = maxSharedBytes(ctx);
-  if (bytes > static_cast<size_t>(limit))
-    ctx.fail(std::string(what) + " needs " + std::to_string(bytes) +
-             " bytes of shared memory per block (key_head_dim x value_head_dim too large), the device has " +
-             std::to_string(limit));
-  cudaError_t error =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (error != cudaSuccess)
-    ctx.fail(std::string(what) + ": " + cudaGetErrorString(error));
-}
-
 } // namespace
 
 void deltaRuleForward(const KernelContext &ctx, const DeltaRule &rule, float *o) {
@@ -248,7 +226,7 @@ void deltaRuleForward(const KernelContext &ctx, const DeltaRule &rule, float *o)
   if (sequences * rule.heads == 0)
     return;
   size_t bytes = sizeof(float) * static_cast<size_t>(kForwardColumns * rule.dk + 3 * rule.dk);
-  allowSharedBytes(ctx, deltaForwardKernel, bytes, "the delta rule");
+  allowSharedBytes(ctx, reinterpret_cast<const void *>(deltaForwardKernel), bytes, "the delta rule");
   dim3 grid(static_cast<unsigned>(sequences * rule.heads), blocksFor(rule.dv, kForwardColumns));
   deltaForwardKernel<<<grid, kForwardColumns, bytes, streamOf(ctx)>>>(rule, o);
   checkLaunch(ctx, "delta rule");
@@ -276,7 +254,8 @@ void deltaRuleBackward(const KernelContext &ctx, Scratch &scratch, const DeltaRu
   p.checkpoints = static_cast<float *>(scratch.bytes(blocks * p.numChunks * slab));
   p.states = static_cast<float *>(scratch.bytes(blocks * p.chunk * slab));
   size_t bytes = sizeof(double) * 4 * rule.dv + sizeof(float) * (2 * rule.dk * p.ld + 3 * rule.dk);
-  allowSharedBytes(ctx, deltaBackwardKernel, bytes, "the delta rule backward");
+  allowSharedBytes(ctx, reinterpret_cast<const void *>(deltaBackwardKernel), bytes,
+                   "the delta rule backward");
   deltaBackwardKernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), bytes,
                         streamOf(ctx)>>>(p);
   checkLaunch(ctx, "delta rule backward");

@@ -5,19 +5,27 @@
 // [b r | a r], r = Hv / Hk), one causal conv + SiLU over concat(q, k, v)
 // read straight from the grouped columns, beta = sigmoid(b),
 // g = -exp(A_log) * softplus(a + dt_bias), L2-normalised q (scaled by
-// dk^-1/2) and k, the gated delta rule (DeltaRule.cu), then
-// rmsnorm(o) * w * silu(z).
+// dk^-1/2) and k, the gated delta rule, then rmsnorm(o) * w * silu(z).
+//
+// The delta rule runs in chunks (ChunkedDeltaRule.cu: per-chunk products on
+// cuBLAS, a sequential pass over chunks for the state) for f32 and bf16
+// storage alike whenever key_head_dim <= 256; otherwise, or when a test
+// pins it (DeltaRulePath.h), token by token (DeltaRule.cu). Both compute in
+// f32 with an f32 state; the chunked form matches the CPU twin as closely as
+// the recurrent one (its host twin is ~2e-7 from the double recurrence).
 //
 // Launches, in order (T tokens, C = 2*Hk*dk + Hv*dv conv channels):
 //   forward: [bf16 -> f32 copies]; conv (T*C threads, 256 per block);
 //   l2 norm q and k (one warp per (token, key head), 4 warps per block);
-//   beta/g (T*Hv threads); delta rule (DeltaRule.cu); gated RMSNorm (one warp
-//   per (token, value head)), writing the result in its storage type.
+//   beta/g (T*Hv threads); delta rule (chunked or recurrent); gated RMSNorm
+//   (one warp per (token, value head)), writing the result in its storage type.
 //   backward: the forward up to the delta rule; gated RMSNorm backward (+ a
-//   column sum for norm_weight); delta rule backward; l2 norm backward (summing
-//   the value heads of each key head in order); the sum over key channels of
-//   dg; conv backward (SiLU', input, weight); the ba gradients (+ column sums
-//   for a_log and dt_bias); f32 -> storage copies of the requested gradients.
+//   column sum for norm_weight); delta rule backward (the chunked one reuses
+//   what its forward kept; the recurrent one's per-channel dg is then summed
+//   over the key channels); l2 norm backward (summing the value heads of each
+//   key head in order); conv backward (SiLU', input, weight); the ba gradients
+//   (+ column sums for a_log and dt_bias); f32 -> storage copies of the
+//   requested gradients.
 // Every gradient is computed in f32 scratch, then copied (or rounded to bf16)
 // into the outputs; all scratch is stream-ordered (cudaMallocAsync/cudaFreeAsync).
 //
@@ -25,6 +33,7 @@
 
 #include <cmath>
 
+#include "runtime/kernels/cuda/linear_attention/DeltaRulePath.h"
 #include "runtime/kernels/cuda/linear_attention/LinearAttentionCommon.cuh"
 
 namespace moec::runtime::cuda::linattn {
@@ -115,7 +124,22 @@ struct Forward {
   float *o = nullptr;                  // [T, Hv*dv]
   DeltaRule rule;
   Conv convArgs;
+  bool chunked = false; // which form ran the delta rule
+  ChunkedSaved saved;   // the chunked form's buffers, for the backward
 };
+
+/// Chunked where it applies, unless a test pins the recurrent form.
+bool useChunked(const DeltaRule &rule) {
+  switch (deltaRulePath()) {
+  case DeltaRulePath::Recurrent:
+    return false;
+  case DeltaRulePath::Chunked:
+    return true; // the chunked launch fails if it does not apply
+  case DeltaRulePath::Auto:
+    break;
+  }
+  return chunkedDeltaRuleApplies(rule);
+}
 
 void runForward(const KernelContext &ctx, Scratch &scratch, const Shape &s, Forward &f) {
   int64_t T = s.tokens.count, C = s.channels(), KW = s.keyWidth(), VW = s.valueWidth();
@@ -166,7 +190,11 @@ void runForward(const KernelContext &ctx, Scratch &scratch, const Shape &s, Forw
   f.rule.beta = f.beta;
   f.rule.logDecay = f.g;
   f.o = scratch.floats(T * VW);
-  deltaRuleForward(ctx, f.rule, f.o);
+  f.chunked = useChunked(f.rule);
+  if (f.chunked)
+    chunkedDeltaRuleForward(ctx, scratch, f.rule, f.o, f.saved);
+  else
+    deltaRuleForward(ctx, f.rule, f.o);
 }
 
 void gatedDeltaNet(KernelContext &ctx) {
@@ -203,17 +231,24 @@ void gatedDeltaNetBackward(KernelContext &ctx) {
   gatedNormBackward(ctx, scratch, f.o, f.qkvz, s.gateMap(), f.normWeight, T, H, s.dv, s.eps,
                     GateActivation::Silu, dy, dO, dQkvz, dNorm);
 
-  // The delta rule; dv lands in the v columns of the conv output's gradient.
+  // The delta rule; dv lands in the v columns of the conv output's gradient, dg [T, H].
   float *dConv = scratch.floats(T * C);
+  float *dg = scratch.floats(T * H);
   DeltaRuleGrads rule;
   rule.q = scratch.floats(T * H * s.dk);
   rule.k = scratch.floats(T * H * s.dk);
-  rule.logDecay = scratch.floats(T * H * s.dk);
   rule.beta = scratch.floats(T * H);
   rule.v = dConv;
   rule.vLd = C;
   rule.vOff = 2 * KW;
-  deltaRuleBackward(ctx, scratch, f.rule, dO, rule);
+  if (f.chunked) {
+    rule.logDecay = dg; // per head already
+    chunkedDeltaRuleBackward(ctx, scratch, f.rule, f.saved, dO, rule);
+  } else {
+    rule.logDecay = scratch.floats(T * H * s.dk); // per key channel: summed below
+    deltaRuleBackward(ctx, scratch, f.rule, dO, rule);
+    rowSum(ctx, rule.logDecay, T * H, s.dk, dg);
+  }
 
   // The value heads sharing a key head add their q, k gradients; then the L2 norms.
   l2NormBackward(ctx, f.conv, C, 0, T, s.hk, s.dk,
@@ -224,8 +259,6 @@ void gatedDeltaNetBackward(KernelContext &ctx) {
   convSiluBackward(ctx, scratch, f.convArgs, dConv, dQkvz, s.inWidth(), dConvWeight);
 
   // beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias).
-  float *dg = scratch.floats(T * H);
-  rowSum(ctx, rule.logDecay, T * H, s.dk, dg);
   float *da = scratch.floats(T * H), *aLogTerm = scratch.floats(T * H);
   if (T * H > 0) {
     baBackwardKernel<<<blocksFor(T * H, kThreads), kThreads, 0, streamOf(ctx)>>>(

@@ -7,6 +7,13 @@
 // every token whose terms cancel, so in F32 they are compared at 1e-4 instead
 // of 1e-5 (f32 state and intermediates against the CPU's double).
 //
+// Both forms of the delta rule (DeltaRulePath.h): the default (chunked, for
+// every configuration here) on all of the above, the recurrent fallback
+// pinned on the same configurations, and the chunked form pinned on long and
+// ragged sequences (100, 130, 257, 1000 tokens: partial chunks, many chunks),
+// dk = dv = 128, dk up to 256 and dv above 128 (several value blocks of the
+// sweep), forward and all six gradients.
+//
 //===----------------------------------------------------------------------===//
 
 #include <gtest/gtest.h>
@@ -15,6 +22,7 @@
 
 #include "runtime/kernels/cpu/CpuKernels.h"
 #include "runtime/kernels/cuda/CudaKernels.h"
+#include "runtime/kernels/cuda/linear_attention/DeltaRulePath.h"
 #include "runtime/kernels/testing/CudaCompare.h"
 #include "runtime/kernels/testing/KernelTesting.h"
 
@@ -148,11 +156,29 @@ const std::vector<Config> forwardConfigs = {
     {1, 2, 128, 128, 4, 33, 1},
 };
 
+using cuda::linattn::DeltaRulePath;
+
+/// Pins the delta rule's form for one test; back to the default after it.
+class PathGuard {
+public:
+  explicit PathGuard(DeltaRulePath path) { cuda::linattn::setDeltaRulePath(path); }
+  ~PathGuard() { cuda::linattn::setDeltaRulePath(DeltaRulePath::Auto); }
+};
+
 TEST(CudaGatedDeltaNet, ForwardMatchesCpu) {
   uint64_t seed = 1;
   for (const Config &c : forwardConfigs) {
     ++seed;
     COMPARE([&] { return forwardCall(c, seed); }, "forward " + c.text());
+  }
+}
+
+TEST(CudaGatedDeltaNet, RecurrentForwardMatchesCpu) {
+  PathGuard path(DeltaRulePath::Recurrent);
+  uint64_t seed = 101;
+  for (const Config &c : forwardConfigs) {
+    ++seed;
+    COMPARE([&] { return forwardCall(c, seed); }, "recurrent forward " + c.text());
   }
 }
 
@@ -190,6 +216,44 @@ TEST(CudaGatedDeltaNet, ParameterGradientsMatchCpu) {
           return backwardCall(c, seed, {2, 3, 4, 5});
         },
         "d conv_weight, a_log, dt_bias, norm_weight " + c.text(), 1e-4);
+  }
+}
+
+TEST(CudaGatedDeltaNet, RecurrentGradientsMatchCpu) {
+  PathGuard path(DeltaRulePath::Recurrent);
+  uint64_t seed = 130;
+  for (const Config &c : backwardConfigs) {
+    ++seed;
+    COMPARE([&] { return backwardCall(c, seed, {0, 1}); }, "recurrent d qkvz, d ba " + c.text());
+    COMPARE([&] { return backwardCall(c, seed, {2, 3, 4, 5}); },
+            "recurrent d conv_weight, a_log, dt_bias, norm_weight " + c.text(), 1e-4);
+  }
+}
+
+// Long and ragged sequences on the chunked form: partial last chunks, many
+// chunks per sequence, several sequences, the widest sweep (dk 256) and dv
+// spread over several blocks of 32 value columns.
+const std::vector<Config> chunkedConfigs = {
+    {1, 2, 128, 128, 4, 100, 1},
+    {2, 4, 128, 128, 4, 257, 1},
+    {1, 2, 128, 128, 4, 1000, 1},
+    {1, 2, 128, 128, 4, 128, 2},
+    {2, 4, 32, 48, 4, 257, 2},
+    {1, 3, 16, 24, 4, 1000, 1},
+    {2, 2, 64, 64, 3, 100, 3},
+    {1, 2, 192, 160, 4, 130, 1},
+    {1, 1, 256, 40, 4, 70, 2},
+};
+
+TEST(CudaGatedDeltaNet, ChunkedLongSequencesMatchCpu) {
+  PathGuard path(DeltaRulePath::Chunked);
+  uint64_t seed = 200;
+  for (const Config &c : chunkedConfigs) {
+    ++seed;
+    COMPARE([&] { return forwardCall(c, seed); }, "chunked forward " + c.text());
+    COMPARE([&] { return backwardCall(c, seed, {0, 1}); }, "chunked d qkvz, d ba " + c.text());
+    COMPARE([&] { return backwardCall(c, seed, {2, 3, 4, 5}); },
+            "chunked d conv_weight, a_log, dt_bias, norm_weight " + c.text(), 1e-4);
   }
 }
 

@@ -341,6 +341,23 @@ void zeroOutputs(const KernelContext &ctx) {
   }
 }
 
+void allowSharedBytes(const KernelContext &ctx, const void *kernel, size_t bytes, const char *what) {
+  if (bytes <= 48 * 1024)
+    return;
+  int device = 0, limit = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    ctx.fail("cannot query the device's shared memory per block");
+  if (bytes > static_cast<size_t>(limit))
+    ctx.fail(std::string(what) + " needs " + std::to_string(bytes) +
+             " bytes of shared memory per block (key_head_dim x value_head_dim too large), the device has " +
+             std::to_string(limit));
+  cudaError_t error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (error != cudaSuccess)
+    ctx.fail(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
 //===--- stages --------------------------------------------------------------===//
 
 void convSiluForward(const KernelContext &ctx, const Conv &conv, float *out) {

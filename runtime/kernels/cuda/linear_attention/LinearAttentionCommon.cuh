@@ -8,8 +8,9 @@
 //   causal depthwise conv + SiLU (restarting at each sequence start), its
 //   gradients; L2 normalisation (eps 1e-6 inside the root) and its gradient;
 //   the gated delta rule, forward and backward (recurrent form, see
-//   DeltaRule.cu); the gated RMSNorm and its gradient; deterministic column
-//   and row sums.
+//   DeltaRule.cu; chunked form for one decay per head, see ChunkedDeltaRule.h
+//   and .cu); the gated RMSNorm and its gradient; deterministic column and
+//   row sums.
 //
 // Every stage works on token-major f32 arrays (rows [b*seqLen, (b+1)*seqLen)
 // are sequence b) in global scratch; storage (f32 or bf16) is converted on the
@@ -27,6 +28,7 @@
 
 #include "runtime/kernels/checks/linear_attention/LaunchChecks.h"
 #include "runtime/kernels/cuda/CudaCommon.cuh"
+#include "runtime/kernels/cuda/linear_attention/ChunkedDeltaRule.h"
 
 namespace moec::runtime::cuda::linattn {
 
@@ -84,6 +86,8 @@ const float *asF32(const KernelContext &ctx, Scratch &scratch, const TensorRef &
 void storeF32(const KernelContext &ctx, const float *src, const TensorRef &out);
 /// Zeroes every output of the launch (0 bits are 0.0 in f32 and bf16).
 void zeroOutputs(const KernelContext &ctx);
+/// Lets `kernel` take `bytes` of dynamic shared memory (opt-in above 48 KiB), or fails naming `what`.
+void allowSharedBytes(const KernelContext &ctx, const void *kernel, size_t bytes, const char *what);
 
 //===--- stages (each enqueues kernels on ctx.stream) ----------------------===//
 
@@ -159,6 +163,20 @@ struct DeltaRuleGrads {
 };
 void deltaRuleBackward(const KernelContext &ctx, Scratch &scratch, const DeltaRule &rule, const float *dO,
                        const DeltaRuleGrads &grads);
+
+/// The chunked form of the same rule (ChunkedDeltaRule.h has the math, ChunkedDeltaRule.cu
+/// the kernels). It applies to one decay per head (not KDA's per-channel decay) and
+/// dk <= 256, any dv, f32 and bf16 storage alike (f32 arithmetic; the state in f32).
+bool chunkedDeltaRuleApplies(const DeltaRule &rule);
+/// What the chunked forward keeps for the backward (buffers in the launch's scratch).
+using ChunkedSaved = chunked::Saved<float>;
+/// o: [T, heads * dv], every element written; fills `saved`.
+void chunkedDeltaRuleForward(const KernelContext &ctx, Scratch &scratch, const DeltaRule &rule, float *o,
+                             ChunkedSaved &saved);
+/// Gradients given dO, after chunkedDeltaRuleForward filled `saved`; as deltaRuleBackward's,
+/// except that grads.logDecay is per head ([T, heads]), already summed over the key channels.
+void chunkedDeltaRuleBackward(const KernelContext &ctx, Scratch &scratch, const DeltaRule &rule,
+                              const ChunkedSaved &saved, const float *dO, const DeltaRuleGrads &grads);
 
 /// The gate of value head h, channel j: base[t * ld + (h / r) * groupStride + off + (h % r) * dim + j].
 struct GateMap {
