@@ -4,13 +4,23 @@
 // windows, sinks) plus sequence lengths that are no multiple of the tiles
 // (16 queries, 32 keys), several sequences, windows wider than a tile and
 // head dims covering every register layout (d, dv up to 320); backward with
-// every gradient and with subsets of them; F32 and BF16 storage.
+// every gradient and with subsets of them; F32 and BF16 storage. With BF16
+// storage, head dims 64 and 128 (value dim equal) take the tensor-core path
+// (Flash.cu), the rest the general kernels.
+//
+// CudaAttentionFastPathTest: the tensor-core path on its own, BF16 only, at
+// sizes that cross its tiles (128 queries / 64 keys forward and dQ, 128 keys /
+// 64 queries dK/dV): head dims 64 and 128, GQA 1, 4 and 8, lengths 1, 100,
+// 130, 257 and 1000, two sequences, windows and sinks, every gradient and
+// subsets, the dK/dV head slicing and the query-tile shapes forced each way;
+// checked over each output and per head of every row (expectBlocksClose).
 //
 //===----------------------------------------------------------------------===//
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "runtime/kernels/cuda/attention/CompareTesting.h"
@@ -107,6 +117,102 @@ INSTANTIATE_TEST_SUITE_P(
         Config{2, 2, 320, 160, 20, 0, true, 1},   // 16 registers per lane
         Config{8, 1, 16, 48, 13, 100, false, 4}), // MQA 8:1, window longer than the sequence
     [](const ::testing::TestParamInfo<Config> &info) { return "v" + std::to_string(info.index); });
+
+class CudaAttentionFastPathTest : public CudaAttentionTest {
+protected:
+  /// One block per head of each row for the result and the gradients of
+  /// query, key, value; one for sinks.
+  std::vector<int64_t> blocksOf(const Config &c, const std::vector<int64_t> &outputs) {
+    std::vector<int64_t> blocks;
+    for (int64_t o : outputs)
+      blocks.push_back(o == 3 ? c.heads : c.headDim);
+    return blocks;
+  }
+  void checkForward(const Config &c) {
+    Bf16Run r = runBf16(reg.gpu, call(c));
+    if (r.skipped)
+      GTEST_SKIP() << r.why;
+    expectBlocksClose(r, {c.headDim}, nameOf(c) + " forward");
+  }
+  void checkBackward(const Config &c, const std::vector<int64_t> &wrt, const std::string &what) {
+    Bf16Run r = runBf16(reg.gpu, backwardOf(reg.cpu, call(c), wrt, 42));
+    if (r.skipped)
+      GTEST_SKIP() << r.why;
+    expectBlocksClose(r, blocksOf(c, wrt), nameOf(c) + " " + what);
+  }
+};
+
+TEST_P(CudaAttentionFastPathTest, ForwardMatchesCpu) { checkForward(GetParam()); }
+
+TEST_P(CudaAttentionFastPathTest, BackwardMatchesCpu) {
+  Config c = GetParam();
+  std::vector<int64_t> wrt = {0, 1, 2};
+  if (c.sinks)
+    wrt.push_back(3);
+  checkBackward(c, wrt, "backward");
+}
+
+TEST_P(CudaAttentionFastPathTest, BackwardSubsetsMatchCpu) {
+  Config c = GetParam();
+  std::vector<std::vector<int64_t>> subsets = {{0}, {2, 1}, {2}};
+  if (c.sinks)
+    subsets.push_back({3, 0});
+  for (const std::vector<int64_t> &wrt : subsets)
+    checkBackward(c, wrt, "backward of a subset");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionFastPathTest,
+    ::testing::Values(
+        // heads, kv heads, head dim, value dim, length, window, sinks, sequences
+        Config{8, 8, 128, 128, 100, 0, false, 2},   // MHA, one partial query tile
+        Config{8, 2, 128, 128, 257, 0, false, 2},   // GQA 4:1, 3 query / 5 key tiles
+        Config{8, 1, 128, 128, 1000, 0, false, 2},  // GQA 8:1 (MQA), long
+        Config{8, 8, 64, 64, 257, 0, false, 2},     // d 64
+        Config{8, 2, 64, 64, 1000, 0, true, 2},     // d 64, GQA 4:1, sinks
+        Config{16, 2, 64, 64, 100, 0, false, 2},    // d 64, GQA 8:1
+        Config{8, 2, 128, 128, 257, 100, true, 2},  // window and sinks
+        Config{8, 1, 64, 64, 1000, 129, false, 2},  // window just over two key tiles
+        Config{4, 1, 64, 64, 130, 64, false, 2},    // window of one key tile
+        Config{4, 2, 128, 128, 130, 1, true, 2},    // window 1: each token sees itself
+        Config{4, 4, 128, 128, 1, 0, true, 3}),     // single-token sequences
+    [](const ::testing::TestParamInfo<Config> &info) { return "f" + std::to_string(info.index); });
+
+TEST_F(CudaAttentionFastPathTest, EveryDkDvHeadSlicing) {
+  // The dK/dV kernel takes heads-per-block (1 = partial sums per head, summed in order;
+  // the group size = one block loops over all heads) from the problem size; force each.
+  Config c{8, 1, 128, 128, 257, 0, true, 2};
+  for (const char *heads : {"1", "2", "8"}) {
+    setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", heads, 1);
+    checkBackward(c, {0, 1, 2, 3}, std::string("backward, heads per dK/dV block ") + heads);
+  }
+  unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
+}
+
+TEST_F(CudaAttentionFastPathTest, EveryTileShape) {
+  // The query-tile kernels (forward, statistics, dQ) in each shape attention_bench times.
+  for (const char *tiles : {"16x64", "32x32", "32x64"}) {
+    setenv("MOEC_ATTENTION_FORWARD_TILES", tiles, 1);
+    setenv("MOEC_ATTENTION_DQ_TILES", tiles, 1);
+    for (const Config &c :
+         {Config{8, 2, 128, 128, 257, 100, true, 2}, Config{8, 1, 64, 64, 300, 0, false, 2}}) {
+      checkForward(c);
+      checkBackward(c, c.sinks ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0, 1, 2},
+                    std::string("backward, tiles ") + tiles);
+    }
+  }
+  unsetenv("MOEC_ATTENTION_FORWARD_TILES");
+  unsetenv("MOEC_ATTENTION_DQ_TILES");
+}
+
+TEST_F(CudaAttentionFastPathTest, GeneralPathAgrees) {
+  // MOEC_ATTENTION_GENERAL=1 sends the same launches to the general kernels.
+  Config c{8, 2, 64, 64, 257, 100, true, 2};
+  setenv("MOEC_ATTENTION_GENERAL", "1", 1);
+  checkForward(c);
+  checkBackward(c, {0, 1, 2, 3}, "backward on the general path");
+  unsetenv("MOEC_ATTENTION_GENERAL");
+}
 
 class CudaAttentionEdgeTest : public CudaAttentionTest {};
 

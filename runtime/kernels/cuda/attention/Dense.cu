@@ -1,5 +1,18 @@
 //===- Dense.cu - causal (sliding-window) softmax attention in key tiles --===//
 //
+// Two paths, chosen per launch by flashFits (Flash.cu):
+//
+//   Fast (Flash.cu, tensor cores): query, key, value (and the result
+//   gradient) in bf16 storage, 16-byte aligned rows, one part (dB = 0: the
+//   attention op, not MLA), head dim = value dim = 64 or 128, scale > 0.
+//   Causal, GQA/MQA, sliding windows and sinks are all covered; outputs may
+//   be f32 or bf16. MOEC_ATTENTION_GENERAL=1 turns it off (benchmarks, bisecting).
+//   General (this file, f32 CUDA cores): everything else: f32 storage (the
+//   fp32 alignment runs), MLA's two-part keys, other head dims (up to 512),
+//   value dim != head dim.
+//
+// The general kernels:
+//
 // Forward (and the backward's statistics): one block of 4 warps per
 // (16-query tile, head, sequence); each warp owns 4 queries. Key/value
 // tiles of 32 rows go through shared memory; lane j scores key j of the
@@ -470,6 +483,10 @@ void reduceSinks(const KernelContext &ctx, const float *part, int64_t rows, int 
 void denseForward(const KernelContext &ctx, const AttnParams &P) {
   if (P.L <= 0 || P.B <= 0 || P.H <= 0)
     return;
+  if (flashFits(P, /*backward=*/false)) {
+    flashForward(ctx, P);
+    return;
+  }
   launchForward<false>(ctx, P);
 }
 
@@ -482,6 +499,10 @@ void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, Flo
   const bool wantSinks = dSinks.p && P.sinks.p;
   if (!wantDq && !wantDkDv && !wantSinks)
     return;
+  if (flashFits(P, /*backward=*/true)) {
+    flashBackward(ctx, P, scratch, dSinks);
+    return;
+  }
   P.lse = scratch.floats(tokens * P.H);
   P.D = scratch.floats(tokens * P.H);
   P.sinkPart = wantSinks ? scratch.floats(tokens * P.H) : nullptr;

@@ -2,8 +2,9 @@
 //
 // The softmax-attention core shared by attention, mla and sparse_attention
 // (Dense.cu: causal / sliding-window attention in key tiles with an online
-// softmax, never forming the [T, T] scores; Sparse.cu: attention over the
-// keys an index list selects), the RoPE launch and the registration pieces.
+// softmax, never forming the [T, T] scores, with Flash.cu's tensor-core
+// kernels as its fast path for bf16; Sparse.cu: attention over the keys an
+// index list selects), the RoPE launch and the registration pieces.
 //
 // One query head h of sequence b reads key/value head g = h / group. Query
 // and key are split in two parts (A | B) as MLA's [nope | rope] with the
@@ -58,6 +59,13 @@ void denseForward(const KernelContext &ctx, const AttnParams &P);
 /// Its backward: gradients into the non-null P.dq*/dk*/dV views (and dSinks
 /// when not null), using scratch for the statistics.
 void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, FloatOut dSinks);
+
+/// Whether the tensor-core kernels of Flash.cu cover this launch (Dense.cu
+/// says which launches do); denseForward / denseBackward dispatch on it.
+bool flashFits(const AttnParams &P, bool backward);
+void flashForward(const KernelContext &ctx, const AttnParams &P);
+/// As denseBackward, once it knows some gradient is wanted.
+void flashBackward(const KernelContext &ctx, const AttnParams &P, Scratch &scratch, FloatOut dSinks);
 
 /// The selection of sparse attention from indices [T, K] (-1, duplicates,
 /// future or out-of-range entries ignored); `transpose` also builds byKey.
