@@ -29,6 +29,7 @@
 #include "runtime/kernels/Kernel.h"
 #include "runtime/kernels/cuda/CudaKernels.h"
 #include "runtime/kernels/cuda/linear_attention/DeltaRulePath.h"
+#include "runtime/kernels/testing/CudaBench.h"
 
 namespace {
 
@@ -39,27 +40,9 @@ using moec::runtime::TensorRef;
 using moec::runtime::cuda::linattn::DeltaRulePath;
 using moec::runtime::cuda::linattn::setDeltaRulePath;
 namespace plan = moec::plan;
-
-void check(cudaError_t error, const char *what) {
-  if (error != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
-    std::exit(1);
-  }
-}
-
-uint16_t toBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float fromBf16(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using moec::runtime::bench::check;
+using moec::runtime::bench::fromBf16;
+using moec::runtime::bench::toBf16;
 
 /// A device tensor of `shape`, uniform in [offset - scale, offset + scale).
 struct DeviceTensor {
@@ -150,46 +133,18 @@ Options parse(int argc, char **argv) {
   return o;
 }
 
-/// Median milliseconds of `iters` runs of `fn` (each timed with events on `stream`).
-template <typename Fn> double medianMs(const Options &o, cudaStream_t stream, Fn &&fn) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < o.warmup; ++i)
-    fn();
-  check(cudaStreamSynchronize(stream), "warm-up");
-  std::vector<float> ms;
-  for (int i = 0; i < o.iters; ++i) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms.empty() ? 0.0 : ms[ms.size() / 2];
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
   Options o = parse(argc, argv);
+  if (!moec::runtime::bench::gpuAvailable("gdn_bench"))
+    return 0;
   const int64_t hk = 16, hv = 32, dk = 128, dv = 128, width = 4;
   const int64_t T = o.tokens * o.batch, qkvzWidth = 2 * hk * dk + 2 * hv * dv,
                 channels = 2 * hk * dk + hv * dv;
   const plan::DType storage = o.f32 ? plan::F32 : plan::BF16;
 
-  // Keep freed stream-ordered memory in the pool between launches, as the executor does.
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  cudaMemPool_t pool;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
-  uint64_t keep = UINT64_MAX;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  moec::runtime::bench::keepPoolMemory(); // as the CUDA device does
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
 
@@ -270,8 +225,8 @@ int main(int argc, char **argv) {
   try {
     for (Run &run : runs) {
       setDeltaRulePath(run.path);
-      run.forwardMs = medianMs(o, stream, [&] { (*fwd)(forwardCtx); });
-      run.backwardMs = medianMs(o, stream, [&] { (*bwd)(backwardCtx); });
+      run.forwardMs = moec::runtime::bench::medianMs(stream, o.warmup, o.iters, [&] { (*fwd)(forwardCtx); });
+      run.backwardMs = moec::runtime::bench::medianMs(stream, o.warmup, o.iters, [&] { (*bwd)(backwardCtx); });
       check(cudaStreamSynchronize(stream), run.name);
       run.results.push_back(y.read());
       for (DeviceTensor &g : grads)

@@ -31,6 +31,7 @@
 
 #include "runtime/kernels/cuda/CudaGemm.h"
 #include "runtime/kernels/cuda/routing/GroupedGemm.cuh"
+#include "runtime/kernels/testing/CudaBench.h"
 
 namespace {
 
@@ -41,65 +42,15 @@ using moec::runtime::cuda::routing::ExpertRows;
 using moec::runtime::cuda::routing::groupedGemm;
 using moec::runtime::cuda::routing::groupedGemmReduce;
 namespace plan = moec::plan;
-
-void check(cudaError_t error, const char *what) {
-  if (error != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
-    std::exit(1);
-  }
-}
-
-uint16_t toBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-/// n bf16 values uniform in [-scale, scale): one random block repeated (fast to make).
-void *randomBf16(size_t n, uint64_t seed, float scale) {
-  const size_t block = 1 << 22;
-  std::vector<uint16_t> host(std::min(n, block));
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  for (uint16_t &h : host)
-    h = toBf16(u(rng));
-  void *d = nullptr;
-  check(cudaMalloc(&d, n * 2), "cudaMalloc");
-  for (size_t at = 0; at < n; at += host.size())
-    check(cudaMemcpy(static_cast<char *>(d) + at * 2, host.data(),
-                     std::min(host.size(), n - at) * 2, cudaMemcpyHostToDevice),
-          "cudaMemcpy");
-  return d;
-}
+using moec::runtime::bench::check;
+using moec::runtime::bench::medianMs;
+using moec::runtime::bench::randomBf16;
 
 void *zeros(size_t bytes) {
   void *d = nullptr;
   check(cudaMalloc(&d, bytes), "cudaMalloc");
   check(cudaMemset(d, 0, bytes), "cudaMemset");
   return d;
-}
-
-/// Median milliseconds of `iters` runs of fn after `warmup` runs.
-double timeMs(cudaStream_t stream, int warmup, int iters, const std::function<void()> &fn) {
-  for (int i = 0; i < warmup; ++i)
-    fn();
-  check(cudaStreamSynchronize(stream), "warm-up");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(start, stream);
-    fn();
-    cudaEventRecord(stop, stream);
-    check(cudaEventSynchronize(stop), "timed run");
-    cudaEventElapsedTime(&ms[i], start, stop);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[iters / 2];
 }
 
 /// max |a - b| / max |b| over n f32 device values.
@@ -152,11 +103,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--iters" && i + 1 < argc)
       iters = std::max(1, std::atoi(argv[++i]));
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("grouped_gemm_bench: no GPU available, nothing to time\n");
+  if (!moec::runtime::bench::gpuAvailable("grouped_gemm_bench"))
     return 0;
-  }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   std::printf("grouped_gemm_bench on %s (%d SMs), median of %d runs after %d warm-up\n", prop.name,
@@ -276,9 +224,9 @@ int main(int argc, char **argv) {
           r.perExpert(outB);
           check(cudaStreamSynchronize(stream), "correctness run");
           double diff = relativeDiff(outA, outB, r.outElems);
-          double tGrouped = timeMs(stream, warmup, iters, [&] { r.grouped(outA); });
-          double tLoop = timeMs(stream, warmup, iters, [&] { r.perExpert(outB); });
-          double tOne = timeMs(stream, warmup, iters, r.ceiling);
+          double tGrouped = medianMs(stream, warmup, iters, [&] { r.grouped(outA); });
+          double tLoop = medianMs(stream, warmup, iters, [&] { r.perExpert(outB); });
+          double tOne = medianMs(stream, warmup, iters, r.ceiling);
           auto tflops = [&](double ms) { return flops / (ms * 1e-3) / 1e12; };
           std::printf("%-9s %-10s %-4s %9.1f %9.1f %9.1f %8.2f %9.2e   (%.3f / %.3f / %.3f ms)\n",
                       load.name, dims, r.form, tflops(tGrouped), tflops(tLoop), tflops(tOne),
