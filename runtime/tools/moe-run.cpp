@@ -17,6 +17,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -209,9 +210,26 @@ absl::Status exportAdapter(const std::string &dir, Session &session) {
   return peft::exportAdapter(dir, spec, tensors);
 }
 
+int64_t monotonicMs() { // async-signal-safe
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
+
+std::atomic<int64_t> firstSignalMs{0};
+
+/// The first Ctrl-C (or SIGTERM) asks for a checkpoint and a clean stop; another one more than a
+/// second later stops at once. Copies within that second are the same request delivered twice:
+/// `timeout` and shells forward the signal to the child and to its process group.
 void onSignal(int signal) {
-  interrupted = true;
-  std::signal(signal, SIG_DFL); // a second Ctrl-C stops at once
+  int64_t now = monotonicMs(), first = firstSignalMs.load();
+  if (first == 0) {
+    firstSignalMs = now;
+    interrupted = true;
+  } else if (now - first > 1000) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal); // delivered when the handler returns
+  }
 }
 
 int runTrain(Args &args) {
