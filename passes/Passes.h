@@ -9,6 +9,7 @@
 #define PASSES_PASSES_H_
 
 #include "passes/build_training_step/BuildTrainingStep.h"
+#include "passes/fuse/Fuse.h"
 #include "passes/inject_lora/InjectLoRA.h"
 #include "passes/plan_memory/PlanMemory.h"
 
@@ -18,6 +19,7 @@ namespace moec::passes {
 inline void registerAllPasses() {
   registerInjectLoRAPass();
   registerBuildTrainingStepPass();
+  registerFusePass();
   registerPlanMemoryPass();
 }
 

@@ -29,6 +29,13 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   step.weightDecay = options.weightDecay;
   step.maxGradNorm = options.maxGradNorm;
   model.addPass(passes::createBuildTrainingStepPass(step));
+  // After the step: the loss it builds is what the LM head fuses with (inject-lora never
+  // adapts the head, so the pattern is the same with or without adapters).
+  if (options.fuse) {
+    passes::FusePassOptions fuse;
+    fuse.chunkTokens = options.fuseChunkTokens;
+    model.addPass(passes::createFusePass(fuse));
+  }
   passes::PlanMemoryPassOptions memory;
   memory.seqLen = options.seqLen;
   memory.microBatch = options.microBatch;
@@ -39,7 +46,7 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
 void registerPipelines() {
   mlir::PassPipelineRegistration<LoRATrainingOptions>(
       "moe-lora-training",
-      "LoRA injection, training step and memory planning: what `moec compile` runs",
+      "LoRA injection, training step, fusion and memory planning: what `moec compile` runs",
       buildLoRATrainingPipeline);
 }
 

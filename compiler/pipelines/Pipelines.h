@@ -55,12 +55,19 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
                          llvm::cl::init(4096)};
   Option<int64_t> microBatch{*this, "micro-batch", llvm::cl::desc("Sequences per step"),
                              llvm::cl::init(1)};
+  Option<bool> fuse{*this, "fuse",
+                    llvm::cl::desc("Fuse the LM head with the loss (--moe-fuse) after the training step"),
+                    llvm::cl::init(true)};
+  Option<int64_t> fuseChunkTokens{*this, "fuse-chunk-tokens",
+                                  llvm::cl::desc("Rows of logits the fused LM head and loss hold at a time"),
+                                  llvm::cl::init(1024)};
   Option<std::string> memoryCap{*this, "memory-cap",
                                 llvm::cl::desc("Most bytes per rank (80GiB); empty = no cap"),
                                 llvm::cl::init("")};
 };
 
-/// LoRA injection (when targets are given), the training step, memory planning.
+/// LoRA injection (when targets are given), the training step, fusion (unless `fuse` is off),
+/// memory planning.
 void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOptions &options);
 
 /// Registers `moe-lora-training` with the global pipeline registry.

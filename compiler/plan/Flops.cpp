@@ -24,7 +24,7 @@ int64_t forwardFlops(StringRef kernel, const std::vector<const std::vector<int64
   int64_t rows = dim(0, 0), seq = program.seqLen;
   int64_t sequences = std::max<int64_t>(1, rows / std::max<int64_t>(1, seq));
   int64_t causalKeys = (seq + 1) / 2;
-  if (kernel == "linear")
+  if (kernel == "linear" || kernel == "lm_head_cross_entropy") // the fused one: the head's product
     return 2 * rows * dim(0, 1) * dim(1, 0);
   if (kernel == "lora")
     return 2 * rows * dim(1, 0) * (dim(1, 1) + dim(2, 0));
@@ -83,6 +83,9 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
   int64_t forward = forwardFlops(kernel, shapes, backward.getForwardAttrs(), program);
   if (hasScores(kernel))
     return forward * 5 / 2;
+  // The fused LM head and loss recomputes its logits, chunk by chunk, before the gradients.
+  if (kernel == "lm_head_cross_entropy")
+    return forward * (1 + static_cast<int64_t>(backward.getGradOfInputs().size()));
   return forward * std::min<int64_t>(2, backward.getGradOfInputs().size());
 }
 

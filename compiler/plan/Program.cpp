@@ -6,6 +6,7 @@
 
 #include "compiler/plan/Flops.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "runtime/kernels/checks/core/LmHeadLoss.h"
 
 using namespace mlir;
 
@@ -39,6 +40,27 @@ std::string kernelName(Operation *op) {
   if (auto backward = dyn_cast<moe::BackwardOp>(op))
     return backward.getKernelName();
   return op->getName().stripDialect().str();
+}
+
+/// The scratch the fused LM head and loss (or its backward) takes on the device: a chunk of
+/// logits instead of the [tokens, vocab] logits buffer and its gradient (LmHeadLoss.h).
+int64_t scratchOf(Operation *op, const ProgramStep &step, const Program &program) {
+  auto backward = dyn_cast<moe::BackwardOp>(op);
+  DictionaryAttr attrs = backward ? backward.getForwardAttrs() : op->getAttrDictionary();
+  bool fused = backward ? backward.getForward() == moe::LMHeadCrossEntropyOp::getOperationName()
+                        : isa<moe::LMHeadCrossEntropyOp>(op);
+  if (!fused || step.inputs.size() < 2)
+    return 0;
+  const ProgramBuffer &input = program.buffers[step.inputs[0]], &weight = program.buffers[step.inputs[1]];
+  auto chunk = attrs.getAs<IntegerAttr>("chunk_tokens");
+  bool weightGradBf16 = false;
+  if (backward)
+    for (auto [k, index] : llvm::enumerate(backward.getGradOfInputs()))
+      weightGradBf16 |= index == 1 && program.buffers[step.outputs[k]].dtype != plan::F32;
+  return runtime::lm_head_loss::scratchBytes(
+      input.shape.at(0), weight.shape.at(0), weight.shape.at(1),
+      chunk ? chunk.getInt() : runtime::lm_head_loss::kDefaultChunkTokens, plan::dtypeSize(input.dtype),
+      static_cast<bool>(backward), weightGradBf16);
 }
 
 class Flattener {
@@ -230,7 +252,9 @@ private:
     return success();
   }
 
-  /// Names of the model-level forward values, for tools that read them (moe-align).
+  /// Names of the model-level forward values, for tools that read them (moe-align). Fused
+  /// with the loss (--moe-fuse), the LM head has no logits buffer to name: moe-align
+  /// compiles its logits run with --no-fuse.
   static std::string forwardName(Operation *op, const std::string &otherwise) {
     if (isa<moe::EmbeddingOp>(op))
       return "embeddings";
@@ -260,6 +284,7 @@ private:
       os << " in @" << cast<moe::LayerOp>(context.symbols).getSymName() << "[" << context.layer << "]";
     step.origin = origin;
     step.flops = estimateFlops(op, step, program);
+    step.scratchBytes = scratchOf(op, step, program);
     program.steps.push_back(std::move(step));
   }
 
@@ -382,8 +407,15 @@ std::map<plan::Role, int64_t> Program::arenaBytes() const {
   return bytes;
 }
 
+int64_t Program::scratchBytes() const {
+  int64_t most = 0;
+  for (const ProgramStep &step : steps)
+    most = std::max(most, step.scratchBytes);
+  return most;
+}
+
 int64_t Program::peakBytes() const {
-  int64_t total = 0;
+  int64_t total = scratchBytes();
   for (auto [role, bytes] : arenaBytes())
     total += bytes;
   return total;

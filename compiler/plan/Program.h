@@ -46,6 +46,9 @@ struct ProgramStep {
   int layer = -1;
   std::string origin;
   int64_t flops = 0;
+  /// Scratch memory the kernel allocates for itself while it runs (the fused LM head's
+  /// chunk of logits); 0 for kernels whose temporaries the plan does not count.
+  int64_t scratchBytes = 0;
 };
 
 struct Program {
@@ -58,6 +61,9 @@ struct Program {
   int64_t tokens() const { return seqLen * microBatch; }
   /// Bytes per role once offsets are assigned (the arena sizes).
   std::map<plan::Role, int64_t> arenaBytes() const;
+  /// The largest scratch of one step (steps run one at a time).
+  int64_t scratchBytes() const;
+  /// The arenas plus the largest scratch.
   int64_t peakBytes() const;
 };
 

@@ -78,11 +78,11 @@ void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &
     totals[column] += step.flops;
   }
   os << "FLOPs per step (TFLOP; matrix products and attention):\n";
-  os << llvm::format("  %-18s %12s %12s %12s\n", "kernel", "forward", "backward", "recompute");
+  os << llvm::format("  %-21s %12s %12s %12s\n", "kernel", "forward", "backward", "recompute");
   for (auto &[kernel, row] : flops)
-    os << llvm::format("  %-18s %12s %12s %12s\n", kernel.c_str(), tflops(row[0]).c_str(),
+    os << llvm::format("  %-21s %12s %12s %12s\n", kernel.c_str(), tflops(row[0]).c_str(),
                        tflops(row[1]).c_str(), tflops(row[2]).c_str());
-  os << llvm::format("  %-18s %12s %12s %12s\n", "total", tflops(totals[0]).c_str(),
+  os << llvm::format("  %-21s %12s %12s %12s\n", "total", tflops(totals[0]).c_str(),
                      tflops(totals[1]).c_str(), tflops(totals[2]).c_str());
   os << "  per step: " << tflops(totals[0] + totals[1] + totals[2]) << " TFLOP\n\n";
 
@@ -90,6 +90,9 @@ void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &
   for (auto [role, bytes] : program.arenaBytes())
     os << llvm::format("  %-18s %14s  %s\n", plan::roleName(role), gib(bytes).c_str(),
                        withCommas(bytes).c_str());
+  if (int64_t scratch = program.scratchBytes())
+    os << llvm::format("  %-18s %14s  %s  (largest kernel scratch, outside the arenas)\n", "scratch",
+                       gib(scratch).c_str(), withCommas(scratch).c_str());
   os << llvm::format("  %-18s %14s  %s\n", "peak", gib(program.peakBytes()).c_str(),
                      withCommas(program.peakBytes()).c_str());
   os << "steps: " << program.steps.size() << " kernel launches, " << program.buffers.size()

@@ -3,7 +3,7 @@
 //   moec import CONFIG.json [-o model.mlir] [--emit=mlir|summary] [--strict]
 //   moec compile CONFIG.json|model.mlir [--lora-rank R --lora-alpha A --lora-targets ...]
 //        [--expert-lora] [--rslora] [--adapter DIR]
-//        [--seq-len N --micro-batch B] [--emit=plan|plan-text|mlir|report] -o OUT
+//        [--seq-len N --micro-batch B] [--no-fuse] [--emit=plan|plan-text|mlir|report] -o OUT
 //
 // Each command declares its own options (so both can have -o and --emit)
 // and parses the arguments after its name. `compile` also takes MLIR's pass
@@ -134,6 +134,11 @@ int runCompile(int argc, char **argv) {
   cl::opt<std::string> memoryCap("memory-cap",
                                  cl::desc("Most bytes per GPU, e.g. 80GiB; layers recompute "
                                           "until the plan fits"));
+  cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
+                                           "plan then has the [tokens, vocab] logits"));
+  cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
+                                   cl::desc("Rows of logits the fused LM head and loss hold at a time"),
+                                   cl::init(1024));
   cl::opt<double> lr("lr", cl::desc("Peak learning rate"), cl::init(1e-4));
   cl::opt<int64_t> warmupSteps("warmup-steps", cl::desc("Linear warmup steps"), cl::init(10));
   cl::opt<int64_t> totalSteps("total-steps", cl::desc("Steps of the cosine schedule"),
@@ -192,6 +197,8 @@ int runCompile(int argc, char **argv) {
   options.seqLen = seqLen;
   options.microBatch = microBatch;
   options.memoryCap = memoryCap;
+  options.fuse = !noFuse;
+  options.fuseChunkTokens = fuseChunkTokens;
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");

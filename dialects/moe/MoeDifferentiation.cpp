@@ -71,6 +71,9 @@ static ParamOp lookupParam(WeightOp weight) {
 
 bool RouterOp::backwardUsesResults() { return true; }
 
+// The saved per-row logsumexp spares the backward a reduction over every row of logits.
+bool LMHeadCrossEntropyOp::backwardUsesResults() { return true; }
+
 bool WeightOp::isGradientSource() {
   ParamOp param = lookupParam(*this);
   return param && param.getTrainable();

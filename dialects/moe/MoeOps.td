@@ -620,6 +620,51 @@ def Moe_CrossEntropyOp : Moe_ComputeOp<"cross_entropy"> {
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
 }
 
+def Moe_LMHeadCrossEntropyOp : Moe_ComputeOp<"lm_head_cross_entropy", [], ["backwardUsesResults"]> {
+  let summary = "The LM head and the causal-LM loss in one, chunked over tokens (--moe-fuse).";
+  let description = [{
+    `moe.cross_entropy(moe.linear(input, weight), labels)` without the
+    `[T, V]` logits: `input: [T, H]`, `weight: [V, H]` (the LM head, or the
+    tied embedding), `labels: [T]`; `ignore_index` and `shift_labels` as on
+    `moe.cross_entropy` (mean over the counted positions, 0 when none
+    counts). The kernels compute `chunk_tokens` rows of logits at a time in
+    scratch memory, so neither the logits nor their gradient ever exist
+    whole.
+
+    Rounding: each chunk of logits is rounded to `logits_type` (f32
+    accumulation first), the element type the unfused head's logits had:
+    the input's, bf16 on a bf16 model, exactly where the unfused
+    `moe.linear` rounds its result. The softmax and the loss are f32, and
+    the logits' gradient is rounded to `logits_type` before its products,
+    as the unfused `moe.cross_entropy` backward's result is. `logits_type`
+    must be the input's element type and may be left out only when that is
+    f32: it spells out what the input's type implies because a backend that
+    emulates bf16 storage in f32 buffers (the CPU's) cannot see it on the
+    tensors.
+
+    Results: the loss (a scalar f32) and `logsumexp: [T]` (f32), the log of
+    each counted row's softmax denominator (0 on rows that do not count),
+    which the backward reads instead of reducing every row again. The
+    backward recomputes each chunk's logits (one more `[T, H] x [H, V]`
+    product) and writes the gradient of `input` and, when the weight is
+    trainable, of `weight`.
+
+    ```mlir
+    %loss, %lse = moe.lm_head_cross_entropy %h, %head, %labels
+        {shift_labels, chunk_tokens = 1024 : i64, logits_type = bf16}
+        : (tensor<?x2048xbf16>, tensor<151936x2048xbf16>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>)
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Moe_IndexTensor:$labels,
+                   DefaultValuedAttr<I64Attr, "-100">:$ignore_index, UnitAttr:$shift_labels,
+                   DefaultValuedAttr<I64Attr, "1024">:$chunk_tokens,
+                   OptionalAttr<TypeAttrOf<AnyFloat>>:$logits_type);
+  let results = (outs 0DTensorOf<[F32]>:$loss, RankedTensorOf<[F32]>:$logsumexp);
+  let assemblyFormat = [{
+    $input `,` $weight `,` $labels attr-dict `:` functional-type(operands, results)
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // Training: built by --moe-build-training-step
 //===----------------------------------------------------------------------===//

@@ -541,4 +541,25 @@ LogicalResult CrossEntropyOp::verify() {
                  c.sameDim("logits", getLogits(), 0, "labels", getLabels(), 0));
 }
 
+LogicalResult LMHeadCrossEntropyOp::verify() {
+  Checker c(*this);
+  if (!(c.rank("input", getInput(), 2) && c.rank("weight", getWeight(), 2) &&
+        c.dim("weight", getWeight(), 1, tensorType(getInput()).getDimSize(1), "input features") &&
+        c.sameElementType("input", getInput(), "weight", getWeight()) && c.rank("labels", getLabels(), 1) &&
+        c.sameDim("input", getInput(), 0, "labels", getLabels(), 0) &&
+        c.rank("logsumexp", getLogsumexp(), 1) &&
+        c.sameDim("input", getInput(), 0, "logsumexp", getLogsumexp(), 0) &&
+        c.positive("chunk_tokens", getChunkTokens())))
+    return failure();
+  Type element = tensorType(getInput()).getElementType();
+  std::optional<Type> logits = getLogitsType();
+  if (logits && *logits != element)
+    return emitOpError("logits_type ") << *logits << " differs from the input element type " << element
+                                       << " (the type the unfused head's logits would have)";
+  if (!logits && !element.isF32())
+    return emitOpError("needs logits_type = ")
+           << element << " (the input element type; only f32 logits may leave it out)";
+  return success();
+}
+
 } // namespace moec::moe

@@ -168,6 +168,8 @@ private:
     };
     for (auto [role, bytes] : program->arenaBytes())
       entries.push_back(b.getNamedAttr(plan::roleName(role), b.getI64IntegerAttr(bytes)));
+    if (int64_t scratch = program->scratchBytes()) // kernels' own memory (the fused loss's chunk)
+      entries.push_back(b.getNamedAttr("scratch", b.getI64IntegerAttr(scratch)));
     if (cap)
       entries.push_back(b.getNamedAttr("cap", b.getI64IntegerAttr(*cap)));
     model->setAttr("memory_plan", b.getDictionaryAttr(entries));

@@ -16,7 +16,10 @@ def PlanMemoryPass : Pass<"moe-plan-memory", "::moec::moe::ModelOp"> {
     gradients, activations (values that cross layers: hidden states and
     what backward templates read), workspace (temporaries inside one layer,
     shared by all layers of a template) and inputs. Activations and
-    workspace reuse memory whose live ranges do not overlap.
+    workspace reuse memory whose live ranges do not overlap. Kernels that
+    take scratch memory of their own (the fused LM head and loss of
+    `--moe-fuse`, one chunk of logits) add `scratch`, the largest of them,
+    to the peak.
 
     With `memory-cap` (bytes, or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB),
     a plan above the cap switches layers to per-layer recomputation, first

@@ -11,6 +11,8 @@
 // RUN:   | FileCheck %s --check-prefix=RECOMPUTE
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 -o %t.moeplan 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=BINARY
+// RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --micro-batch 2 \
+// RUN:   --no-fuse --emit=plan-text | FileCheck %s --check-prefix=UNFUSED
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --emit=report \
 // RUN:   --mlir-print-ir-after-all 2>&1 | FileCheck %s --check-prefix=IR
 //
@@ -32,8 +34,9 @@
 // The step: forward, loss, backward; gradients only for the adapters.
 // CHECK: fwd L0 s0 linear
 // CHECK: fwd L0 s0 lora
-// CHECK: fwd s0 cross_entropy {{.*}}ignore_index=-100, {{.*}}shift_labels=true
-// CHECK: bwd s0 cross_entropy.backward
+// The LM head and the loss are one fused launch (--moe-fuse): the loss and a logsumexp per token.
+// CHECK: fwd s0 lm_head_cross_entropy %{{[0-9]+}}, %{{[0-9]+}}, %2 -> %{{[0-9]+}}, %{{[0-9]+}} {{{.*}}chunk_tokens=1024, ignore_index=-100, logits_type="f32", shift_labels=true
+// CHECK: bwd s0 lm_head_cross_entropy.backward {{.*}}backward_segments=[3,2,1], {{.*}}grad_of_inputs=[0]
 // CHECK: bwd L1 s0 lora.backward {{.*}}grad_of_inputs=[0,1,2]
 // CHECK: bwd L1 s0 accumulate_grad
 // CHECK: bwd L1 s0 linear.backward {{.*}}grad_of_inputs=[0]
@@ -48,10 +51,18 @@
 // RECOMPUTE-NOT: recompute L1 s0 router
 // RECOMPUTE: bwd L1 s0 router.backward
 
+// --no-fuse keeps the head a linear: its [192, 256] logits are an activation moe-align reads.
+// UNFUSED: activation f32 [192,256] {{.*}} "logits"
+// UNFUSED: fwd s0 linear
+// UNFUSED: fwd s0 cross_entropy {{.*}}ignore_index=-100, {{.*}}shift_labels=true
+// UNFUSED: bwd s0 cross_entropy.backward
+// UNFUSED-NOT: lm_head_cross_entropy
+
 // BINARY: moec: wrote {{.*}}.moeplan ({{[0-9]+}} steps, {{[0-9]+}} buffers)
 
 // IR: IR Dump After InjectLoRAPass
 // IR: IR Dump After BuildTrainingStepPass
+// IR: IR Dump After FusePass
 // IR: IR Dump After PlanMemoryPass
 // IR: parameters: total
 

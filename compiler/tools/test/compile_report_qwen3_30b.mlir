@@ -21,10 +21,13 @@
 // CHECK: recompute: none
 // Forward linear FLOPs, by hand: 2 * 4096 tokens * 48 layers * (attention projections
 // 2048*(4096+512+512) + 4096*2048 = 18,874,368, router 2048*128 = 262,144 counted apart)
-//   = 7,421,703,487,488 + the LM head 2 * 4096 * 2048 * 151936 = 2,549,262,090,240: 9.971 T.
-// Without recompute the frozen projections' backward is their input gradient only: 1x.
+//   = 7,421,703,487,488: 7.422 T. The LM head, fused with the loss (--moe-fuse), is
+// 2 * 4096 * 2048 * 151936 = 2,549,063,090,176: 2.549 T.
+// Without recompute the frozen projections' backward is their input gradient only: 1x; the
+// fused head's backward recomputes its logits first: 2x.
 // CHECK: kernel forward backward recompute
-// CHECK: linear 9.971 9.971 0.000
+// CHECK: linear 7.422 7.422 0.000
+// CHECK: lm_head_cross_entropy 2.549 5.098 0.000
 // CHECK: total
 // The weights in bf16: 30,532,122,624 * 2 bytes (each buffer rounded up to 256 bytes).
 // CHECK: memory per rank (arena sizes):
@@ -34,9 +37,21 @@
 // CHECK-NEXT: lora_param 0.10 GiB 106,954,752
 // CHECK-NEXT: optimizer_state 0.20 GiB 213,909,504
 // CHECK: gradient 0.10 GiB 106,954,752
+// The fused head's scratch: a chunk of 1024 tokens x 151936 bf16 logits, and a float per token.
+// CHECK: scratch 0.29 GiB 311,181,312 (largest kernel scratch, outside the arenas)
 // CHECK: peak
+
+// Unfused, the head is a linear like the others and the logits (and their gradient) are
+// activations: no scratch line.
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --no-fuse --emit=report \
+// RUN:   | FileCheck %s --check-prefix=UNFUSED
+// UNFUSED: linear 9.971 9.971 0.000
+// UNFUSED-NOT: lm_head_cross_entropy
+// UNFUSED-NOT: scratch
+// UNFUSED: peak
 
 // Recomputing each layer re-runs its forward in the backward; the saved activations shrink.
 // RECOMPUTE: recompute: per-layer
-// RECOMPUTE: linear 9.971 9.971 7.422
+// RECOMPUTE: linear 7.422 7.422 7.422
 // RECOMPUTE: activation {{[0-9]\.[0-9]+}} GiB

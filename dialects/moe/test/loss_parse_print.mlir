@@ -49,3 +49,27 @@ func.func @lm_head_loss(%h: tensor<?x2048xbf16>, %nw: tensor<2048xbf16>, %head: 
   %l = moe.cross_entropy %logits, %labels {shift_labels} : (tensor<?x151936xbf16>, tensor<?xi64>) -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tests that the fused LM head and loss round-trips with its attributes, the default chunk dropped.
+// CHECK-LABEL: func.func @lm_head_cross_entropy(
+// CHECK-SAME: %[[H:.*]]: tensor<?x2048xbf16>, %[[HEAD:.*]]: tensor<151936x2048xbf16>, %[[LABELS:.*]]: tensor<?xi64>)
+// CHECK: %[[L:.*]], %[[LSE:.*]] = moe.lm_head_cross_entropy %[[H]], %[[HEAD]], %[[LABELS]] {logits_type = bf16, shift_labels} : (tensor<?x2048xbf16>, tensor<151936x2048xbf16>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>)
+// CHECK-NOT: chunk_tokens
+// CHECK: return %[[L]], %[[LSE]]
+func.func @lm_head_cross_entropy(%h: tensor<?x2048xbf16>, %head: tensor<151936x2048xbf16>, %labels: tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>) {
+  %l, %lse = moe.lm_head_cross_entropy %h, %head, %labels {shift_labels, chunk_tokens = 1024 : i64, logits_type = bf16} : (tensor<?x2048xbf16>, tensor<151936x2048xbf16>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>)
+  return %l, %lse : tensor<f32>, tensor<?xf32>
+}
+
+// -----
+
+// Tests that another chunk size, ignore_index and i32 labels on static shapes survive the round trip,
+// and that f32 logits may leave logits_type out.
+// CHECK-LABEL: func.func @lm_head_cross_entropy_attrs(
+// CHECK: moe.lm_head_cross_entropy %{{.*}}, %{{.*}}, %{{.*}} {chunk_tokens = 256 : i64, ignore_index = -1 : i64} : (tensor<96x64xf32>, tensor<256x64xf32>, tensor<96xi32>) -> (tensor<f32>, tensor<96xf32>)
+func.func @lm_head_cross_entropy_attrs(%h: tensor<96x64xf32>, %head: tensor<256x64xf32>, %labels: tensor<96xi32>) -> tensor<f32> {
+  %l, %lse = moe.lm_head_cross_entropy %h, %head, %labels {ignore_index = -1 : i64, chunk_tokens = 256 : i64} : (tensor<96x64xf32>, tensor<256x64xf32>, tensor<96xi32>) -> (tensor<f32>, tensor<96xf32>)
+  return %l : tensor<f32>
+}

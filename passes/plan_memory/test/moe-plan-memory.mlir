@@ -3,8 +3,10 @@
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=30KiB}))' 2>&1 | FileCheck %s --check-prefix=TOOSMALL
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{memory-cap=lots}))' 2>&1 | FileCheck %s --check-prefix=BADCAP
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-plan-memory))' 2>&1 | FileCheck %s --check-prefix=NOSTEP
-// The named pipeline moec runs gives the same plan (no lora-targets: the model keeps its adapter).
-// RUN: moe-opt %inputs/tiny_lora.mlir --moe-lora-training='seq-len=8 micro-batch=2' | FileCheck %s
+// The named pipeline moec runs gives the same plan (no lora-targets: the model keeps its adapter)
+// without fusion; with it (the default) the LM head's logits give way to its kernel's scratch.
+// RUN: moe-opt %inputs/tiny_lora.mlir --moe-lora-training='seq-len=8 micro-batch=2 fuse=false' | FileCheck %s
+// RUN: moe-opt %inputs/tiny_lora.mlir --moe-lora-training='seq-len=8 micro-batch=2' | FileCheck %s --check-prefix=FUSED
 
 // Sizes by hand for 8 x 2 = 16 tokens, f32, each buffer rounded up to 256 bytes:
 //   weights: embed 32x16 (2048) + head (2048) + 2 layers x (norm 64->256, q 16x16 1024,
@@ -13,6 +15,10 @@
 //   inputs: ids, positions, labels 16 x i64 (128->256 each) + the f32 loss (4->256) = 1024
 // CHECK: memory_plan = {activation = [[ACT:[0-9]+]] : i64, gradient = 1024 : i64, input = 1024 : i64, lora_param = 1024 : i64, micro_batch = 2 : i64, optimizer_state = 2048 : i64, peak = [[PEAK:[0-9]+]] : i64, seq_len = 8 : i64, weight = 15360 : i64, workspace = [[WS:[0-9]+]] : i64}
 // CHECK-SAME: recompute = "none"
+
+// Fused: the [16, 32] logits and their gradient (2 x 2048 bytes) leave the activations; the
+// scratch is one chunk of logits (every token: 16 x 32 f32, 2048) and a float per token (64).
+// FUSED: memory_plan = {activation = {{[0-9]+}} : i64, gradient = 1024 : i64, input = 1024 : i64, lora_param = 1024 : i64, micro_batch = 2 : i64, optimizer_state = 2048 : i64, peak = {{[0-9]+}} : i64, scratch = 2112 : i64, seq_len = 8 : i64, weight = 15360 : i64, workspace = {{[0-9]+}} : i64}
 
 // Peaks seen: 46080 saving everything, 44032 recomputing layer 0, 37632 recomputing both.
 // Under a 45000-byte cap the first layer recomputes and the second still saves.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "runtime/kernels/checks/core/LmHeadLoss.h"
 #include "runtime/plan/PlanFormat.h"
 
 namespace moec::runtime::checks::core {
@@ -43,6 +44,35 @@ void expectRowsShape(const KernelContext &ctx, const TensorRef &t, const std::st
   want.back() = last;
   if (t.shape != want)
     ctx.fail(what + " has shape " + shapeText(t.shape) + ", expected " + shapeText(want));
+}
+
+LmHeadLossShape checkLmHeadLoss(const KernelContext &ctx) {
+  if (ctx.inputs.size() < 3)
+    ctx.fail("expected the operands input, weight and labels, got " + std::to_string(ctx.inputs.size()) +
+             " inputs");
+  const TensorRef &input = ctx.in(0), &weight = ctx.in(1), &labels = ctx.in(2);
+  ctx.expectShape(input, "input", {-1, -1});
+  LmHeadLossShape s;
+  s.rows = input.dim(0);
+  s.hidden = input.dim(1);
+  ctx.expectShape(weight, "weight", {-1, s.hidden});
+  s.vocab = weight.dim(0);
+  expectIndices(ctx, labels, "labels");
+  ctx.expectShape(labels, "labels", {s.rows});
+  int64_t chunkTokens = ctx.attrInt("chunk_tokens", lm_head_loss::kDefaultChunkTokens);
+  if (chunkTokens <= 0)
+    ctx.fail("chunk_tokens must be positive, got " + std::to_string(chunkTokens));
+  s.chunk = lm_head_loss::chunkRows(s.rows, chunkTokens);
+  if (ctx.attrBool("shift_labels") && (ctx.seqLen <= 0 || s.rows % ctx.seqLen != 0))
+    ctx.fail("shift_labels needs whole sequences: " + std::to_string(s.rows) +
+             " rows are not a multiple of seq_len " + std::to_string(ctx.seqLen));
+  if (ctx.has("logits_type")) {
+    std::string type = ctx.attrString("logits_type");
+    if (type != "f32" && type != "bf16")
+      ctx.fail("logits_type must be f32 or bf16, got " + type);
+    s.logitsType = type == "bf16" ? plan::BF16 : plan::F32;
+  }
+  return s;
 }
 
 BackwardLaunch::BackwardLaunch(const KernelContext &ctx, size_t numResults,

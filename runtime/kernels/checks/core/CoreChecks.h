@@ -32,6 +32,17 @@ int64_t rowsOf(const KernelContext &ctx, const TensorRef &t, const std::string &
 void expectRowsShape(const KernelContext &ctx, const TensorRef &t, const std::string &what,
                      const TensorRef &x, int64_t last);
 
+/// The operands of `lm_head_cross_entropy` (and of its backward): input [T, H], weight
+/// [V, H], labels [T] (i32 or i64); a positive `chunk_tokens` (LmHeadLoss.h's default when
+/// absent), with `shift_labels` whole sequences, and `logits_type` (when given) "f32" or
+/// "bf16". Storage types are left to the backend.
+struct LmHeadLossShape {
+  int64_t rows, hidden, vocab;
+  int64_t chunk;                                     // rows of logits per chunk
+  plan::DType logitsType = plan::DTYPE_UNSPECIFIED; // what logits round to; unspecified: f32
+};
+LmHeadLossShape checkLmHeadLoss(const KernelContext &ctx);
+
 /// The inputs and outputs of a `.backward` launch (see Kernel.h): forward
 /// operands, forward results, gradients of some results; gradients of some
 /// operands out.
@@ -49,6 +60,8 @@ public:
                  const std::vector<int64_t> &differentiable, GradCheck checkGrad = nullptr);
 
   size_t numOperands() const { return operands; }
+  /// How many forward results the launch passes (backward_segments; 0 without it).
+  size_t numResults() const { return results; }
   /// The gradient arriving at forward result `result`, or null (= zero).
   const TensorRef *resultGrad(int64_t result) const;
   /// The gradient of the op's one result, which must be given, have `shape`

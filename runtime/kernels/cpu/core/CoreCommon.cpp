@@ -14,6 +14,7 @@ void registerCoreKernels(KernelRegistry &registry) {
   core::registerDenseKernels(registry);
   core::registerElementwiseKernels(registry);
   core::registerTokenKernels(registry);
+  core::registerLmHeadLossKernels(registry);
   core::registerRandomKernels(registry);
   core::registerOptimizerKernels(registry);
 }
@@ -25,6 +26,31 @@ float *floats(const KernelContext &ctx, const TensorRef &t, const std::string &w
     ctx.fail(what + " must be f32, got " + plan::dtypeName(t.dtype) +
              " (the CPU backend computes in f32 only)");
   return static_cast<float *>(t.data);
+}
+
+LossTargets lossTargets(const KernelContext &ctx, const TensorRef &labels, int64_t rows, int64_t vocab) {
+  int64_t ignore = ctx.attrInt("ignore_index", -100);
+  bool shift = ctx.attrBool("shift_labels");
+  // transformers' ForCausalLMLoss pads each sequence's labels with
+  // ignore_index and scores position t against labels[t + 1]: the shift
+  // never crosses into the next sequence, its last position never counts.
+  LossTargets out;
+  out.targets.assign(static_cast<size_t>(rows), -1);
+  for (int64_t t = 0; t < rows; ++t) {
+    bool lastOfSequence = shift && (t + 1) % ctx.seqLen == 0;
+    if (lastOfSequence)
+      continue;
+    int64_t label = labels.index(shift ? t + 1 : t);
+    if (label == ignore)
+      continue;
+    if (label < 0 || label >= vocab)
+      ctx.fail("label " + std::to_string(label) + " at row " + std::to_string(shift ? t + 1 : t) +
+               " is neither ignore_index (" + std::to_string(ignore) + ") nor in [0, " +
+               std::to_string(vocab) + ")");
+    out.targets[t] = label;
+    ++out.counted;
+  }
+  return out;
 }
 
 std::vector<double> rowBlocks(const KernelContext &ctx, int64_t rows, int64_t width,

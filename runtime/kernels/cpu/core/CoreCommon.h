@@ -30,6 +30,16 @@ using checks::core::expectSameShape;
 using checks::core::rowsOf;
 using checks::core::shapeText;
 
+/// The class each of `rows` rows is scored against (-1: it does not count) and how many
+/// count, from `labels` [rows] under the launch's ignore_index and shift_labels
+/// (transformers' causal-LM shift, per sequence); fails on a label that is neither
+/// ignore_index nor in [0, vocab). cross_entropy and lm_head_cross_entropy share it.
+struct LossTargets {
+  std::vector<int64_t> targets;
+  int64_t counted = 0;
+};
+LossTargets lossTargets(const KernelContext &ctx, const TensorRef &labels, int64_t rows, int64_t vocab);
+
 /// Runs fn(begin, end, partial) over rows [0, rows) in fixed blocks of rows,
 /// in parallel, each block adding into its own `width` doubles; returns the
 /// blocks' sums added in block order. Blocks do not depend on the thread
@@ -42,6 +52,8 @@ void registerNormKernels(KernelRegistry &registry);
 void registerDenseKernels(KernelRegistry &registry);
 void registerElementwiseKernels(KernelRegistry &registry);
 void registerTokenKernels(KernelRegistry &registry);
+/// lm_head_cross_entropy (LmHeadLoss.cpp): the LM head fused with the loss (--moe-fuse).
+void registerLmHeadLossKernels(KernelRegistry &registry);
 /// fill_random (Random.cpp): random weights, as on the GPU (../../RandomFill.h).
 void registerRandomKernels(KernelRegistry &registry);
 /// sum_squares and adamw (Optimizer.cpp): the trainer's optimizer step.

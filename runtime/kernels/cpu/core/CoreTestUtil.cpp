@@ -57,6 +57,31 @@ KernelCall backwardOf(KernelCall &forward, const std::vector<int64_t> &wrt,
   return backward;
 }
 
+KernelCall backwardWithResultsOf(KernelCall &forward, const std::vector<int64_t> &wrt,
+                                 std::vector<std::pair<int64_t, OwnedTensor>> resultGrads) {
+  forward.run();
+  KernelCall backward(registry(), forward.kernelName() + ".backward");
+  backward.attributes() = forward.attributes();
+  for (OwnedTensor &t : forward.inputsRef())
+    backward.input(t);
+  for (size_t i = 0; i < forward.numOutputs(); ++i)
+    backward.input(forward.result(i));
+  std::vector<int64_t> gradOfOutputs;
+  for (auto &[result, grad] : resultGrads) {
+    gradOfOutputs.push_back(result);
+    backward.input(std::move(grad));
+  }
+  backward.attr("grad_of_inputs", wrt).attr("grad_of_outputs", gradOfOutputs);
+  backward.attr("backward_segments",
+                std::vector<int64_t>{static_cast<int64_t>(forward.inputsRef().size()),
+                                     static_cast<int64_t>(forward.numOutputs()),
+                                     static_cast<int64_t>(gradOfOutputs.size())});
+  backward.sequences(forward.seqLen(), forward.microBatch());
+  for (int64_t index : wrt)
+    backward.output(plan::F32, forward.inputsRef().at(index).shape);
+  return backward;
+}
+
 std::vector<double> widen(const OwnedTensor &t) {
   std::vector<float> f = t.floats();
   return {f.begin(), f.end()};

@@ -28,6 +28,11 @@ void expectNear(const std::vector<float> &got, const std::vector<double> &want, 
 KernelCall backwardOf(KernelCall &forward, const std::vector<int64_t> &wrt,
                       std::vector<std::pair<int64_t, OwnedTensor>> resultGrads);
 
+/// The same for an op whose rule passes its results to its backward (backwardUsesResults, as
+/// lm_head_cross_entropy's): runs `forward` and passes its results after its operands.
+KernelCall backwardWithResultsOf(KernelCall &forward, const std::vector<int64_t> &wrt,
+                                 std::vector<std::pair<int64_t, OwnedTensor>> resultGrads);
+
 /// The float values of a tensor, widened.
 std::vector<double> widen(const OwnedTensor &t);
 

@@ -95,29 +95,12 @@ struct CrossEntropyArgs {
     vocab = ctx.in(0).dim(1);
     expectIndices(ctx, labels, "labels");
     ctx.expectShape(labels, "labels", {rows});
-    int64_t ignore = ctx.attrInt("ignore_index", -100);
-    bool shift = ctx.attrBool("shift_labels");
-    if (shift && (ctx.seqLen <= 0 || rows % ctx.seqLen != 0))
+    if (ctx.attrBool("shift_labels") && (ctx.seqLen <= 0 || rows % ctx.seqLen != 0))
       ctx.fail("shift_labels needs whole sequences: " + std::to_string(rows) +
                " rows are not a multiple of seq_len " + std::to_string(ctx.seqLen));
-    // transformers' ForCausalLMLoss pads each sequence's labels with
-    // ignore_index and scores position t against labels[t + 1]: the shift
-    // never crosses into the next sequence, its last position never counts.
-    targets.assign(static_cast<size_t>(rows), -1);
-    for (int64_t t = 0; t < rows; ++t) {
-      bool lastOfSequence = shift && (t + 1) % ctx.seqLen == 0;
-      if (lastOfSequence)
-        continue;
-      int64_t label = labels.index(shift ? t + 1 : t);
-      if (label == ignore)
-        continue;
-      if (label < 0 || label >= vocab)
-        ctx.fail("label " + std::to_string(label) + " at row " + std::to_string(shift ? t + 1 : t) +
-                 " is neither ignore_index (" + std::to_string(ignore) + ") nor in [0, " +
-                 std::to_string(vocab) + ")");
-      targets[t] = label;
-      ++counted;
-    }
+    LossTargets found = lossTargets(ctx, labels, rows, vocab);
+    targets = std::move(found.targets);
+    counted = found.counted;
   }
 
   /// log Σ_v exp(logits[t, v]).

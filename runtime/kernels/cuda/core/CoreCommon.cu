@@ -13,6 +13,7 @@ void registerCoreKernels(KernelRegistry &registry) {
   core::registerDenseKernels(registry);
   core::registerElementwiseKernels(registry);
   core::registerTokenKernels(registry);
+  core::registerLmHeadLossKernels(registry);
   core::registerRandomKernels(registry);
   core::registerOptimizerKernels(registry);
 }
@@ -119,20 +120,22 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
   }
   const void *pa = a.p, *pb = b.p;
   plan::DType abType = a.dtype;
-  if (a.dtype != b.dtype) { // one of each: compute in f32
+  F32Math math = F32Math::Exact;
+  if (a.dtype != b.dtype) { // one of each (an f32 adapter on bf16 data): f32 on the tensor cores
     pa = asF32(ctx, ws, a);
     pb = asF32(ctx, ws, b);
     abType = plan::F32;
+    math = F32Math::Tf32;
   }
   if (cType == plan::F32 || cType == abType) {
-    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType);
+    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType, math);
     return;
   }
   // f32 product into a bf16 C: through an f32 copy.
   float *wide = ws.alloc<float>(m * n);
   if (beta != 0.0f)
     convert(ctx, FloatIn{c, true}, FloatOut{wide, false}, m * n);
-  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, wide, n, plan::F32);
+  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, wide, n, plan::F32, math);
   convert(ctx, FloatIn{wide, false}, FloatOut{c, true}, m * n);
 }
 

@@ -155,7 +155,10 @@ struct Matrix {
 
 /// C[m,n] (row-major, ldc = n) = alpha op(A) op(B) + beta C through cuda::gemm for
 /// any F32/BF16 mix: when A and B differ the bf16 one is widened to f32 in
-/// scratch; when the product is f32 and C bf16 it goes through an f32 copy of C.
+/// scratch and the product runs in TF32 (the bf16 side is exact in TF32; only
+/// the f32 side, an adapter or its gradient, is rounded to 10 mantissa bits,
+/// far below the bf16 data's own precision); when the product is f32 and C
+/// bf16 it goes through an f32 copy of C.
 void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m,
              int64_t n, int64_t k, float alpha, Matrix a, int64_t lda, Matrix b, int64_t ldb,
              float beta, void *c, plan::DType cType);
@@ -266,11 +269,65 @@ void columnSums(const KernelContext &ctx, Workspace &ws, Value value, int64_t ro
   checkLaunch(ctx, what);
 }
 
+//===----------------------------------------------------------------------===//
+// The causal-LM loss: targets, row statistics, mean (cross_entropy, lm_head_cross_entropy)
+//===----------------------------------------------------------------------===//
+
+/// The class row t is scored against: -1 when it does not count, -2 when its
+/// label is neither ignore_index nor a class (the CPU refuses such a launch).
+struct LossTargets {
+  IndexIn labels;
+  int64_t vocab, seqLen, ignore;
+  bool shift;
+
+  // transformers' ForCausalLMLoss pads each sequence's labels with
+  // ignore_index and scores position t against labels[t + 1]: the shift
+  // never crosses into the next sequence, its last position never counts.
+  __device__ __forceinline__ int64_t operator()(int64_t t) const {
+    if (shift && (t + 1) % seqLen == 0)
+      return -1;
+    int64_t label = labels[shift ? t + 1 : t];
+    if (label == ignore)
+      return -1;
+    if (label < 0 || label >= vocab)
+      return -2;
+    return label;
+  }
+};
+
+/// The targets of `labels` under the launch's ignore_index and shift_labels (whole
+/// sequences already checked).
+LossTargets lossTargets(const KernelContext &ctx, const TensorRef &labels, int64_t vocab);
+
+/// max_v logits[base + v] and Σ_v exp(logits[base + v] - max) over one row, by one block;
+/// every thread gets both.
+__device__ __forceinline__ void rowSoftmaxStats(FloatIn logits, int64_t base, int64_t vocab,
+                                                float *shared, float &top, float &sum) {
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
+    m = fmaxf(m, logits[base + v]);
+  top = blockMax(m, shared);
+  float s = 0.0f;
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
+    s += expf(logits[base + v] - top);
+  sum = blockSum(s, shared);
+}
+
+/// loss = the mean of rowLoss over the counted rows (0 when none counts, NaN when a label
+/// is bad), in a fixed order (Tokens.cu).
+void meanLoss(const KernelContext &ctx, const LossTargets &targets, const float *rowLoss, int64_t rows,
+              FloatOut loss);
+/// *scale = dloss / counted rows (0 when none counts, NaN when a label is bad), on the device.
+void lossGradScale(const KernelContext &ctx, const LossTargets &targets, int64_t rows, FloatIn dloss,
+                   float *scale);
+
 /// The registration functions of each file.
 void registerNormKernels(KernelRegistry &registry);
 void registerDenseKernels(KernelRegistry &registry);
 void registerElementwiseKernels(KernelRegistry &registry);
 void registerTokenKernels(KernelRegistry &registry);
+/// lm_head_cross_entropy (LmHeadLoss.cu): the LM head fused with the loss (--moe-fuse).
+void registerLmHeadLossKernels(KernelRegistry &registry);
 /// fill_random (Random.cu): random weights, as on the CPU (runtime/kernels/RandomFill.h).
 void registerRandomKernels(KernelRegistry &registry);
 /// sum_squares and adamw (Optimizer.cu): the trainer's optimizer step.

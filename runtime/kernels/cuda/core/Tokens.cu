@@ -136,33 +136,11 @@ void embeddingBackward(KernelContext &ctx) {
 // cross_entropy
 //===----------------------------------------------------------------------===//
 
-/// The class row t is scored against: -1 when it does not count, -2 when its
-/// label is neither ignore_index nor a class (the CPU refuses such a launch).
-struct Targets {
-  IndexIn labels;
-  int64_t vocab, seqLen, ignore;
-  bool shift;
-
-  // transformers' ForCausalLMLoss pads each sequence's labels with
-  // ignore_index and scores position t against labels[t + 1]: the shift
-  // never crosses into the next sequence, its last position never counts.
-  __device__ __forceinline__ int64_t operator()(int64_t t) const {
-    if (shift && (t + 1) % seqLen == 0)
-      return -1;
-    int64_t label = labels[shift ? t + 1 : t];
-    if (label == ignore)
-      return -1;
-    if (label < 0 || label >= vocab)
-      return -2;
-    return label;
-  }
-};
-
 /// logits [T, V], labels [T].
 struct CrossEntropyArgs {
   FloatIn logits;
   int64_t rows, vocab;
-  Targets targets;
+  LossTargets targets;
 
   CrossEntropyArgs(const KernelContext &ctx) {
     const TensorRef &labels = ctx.in(1);
@@ -172,33 +150,18 @@ struct CrossEntropyArgs {
     vocab = ctx.in(0).dim(1);
     expectIndices(ctx, labels, "labels");
     ctx.expectShape(labels, "labels", {rows});
-    int64_t ignore = ctx.attrInt("ignore_index", -100);
-    bool shift = ctx.attrBool("shift_labels");
-    if (shift && (ctx.seqLen <= 0 || rows % ctx.seqLen != 0))
+    if (ctx.attrBool("shift_labels") && (ctx.seqLen <= 0 || rows % ctx.seqLen != 0))
       ctx.fail("shift_labels needs whole sequences: " + std::to_string(rows) +
                " rows are not a multiple of seq_len " + std::to_string(ctx.seqLen));
-    targets = Targets{indexIn(ctx, labels, "labels"), vocab, shift ? ctx.seqLen : 1, ignore, shift};
+    targets = lossTargets(ctx, labels, vocab);
   }
 
   int threads() const { return rowThreads(vocab, 512); }
 };
 
-/// max_v logits[base + v] and Σ_v exp(logits[base + v] - max); every thread gets both.
-__device__ __forceinline__ void rowSoftmaxStats(FloatIn logits, int64_t base, int64_t vocab,
-                                                float *shared, float &top, float &sum) {
-  float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
-    m = fmaxf(m, logits[base + v]);
-  top = blockMax(m, shared);
-  float s = 0.0f;
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
-    s += expf(logits[base + v] - top);
-  sum = blockSum(s, shared);
-}
-
 /// rowLoss[t] = log Σ exp(logits[t]) - logits[t, target] (0 when t does not count).
 /// Grid: one block per row.
-__global__ void crossEntropyRowsKernel(FloatIn logits, Targets targets, int64_t vocab,
+__global__ void crossEntropyRowsKernel(FloatIn logits, LossTargets targets, int64_t vocab,
                                        float *rowLoss) {
   __shared__ float shared[32];
   int64_t t = blockIdx.x, target = targets(t);
@@ -215,7 +178,7 @@ __global__ void crossEntropyRowsKernel(FloatIn logits, Targets targets, int64_t 
 }
 
 /// One block: the counted rows' sum (in double) and count; NaN if any label is bad.
-__device__ __forceinline__ void countRows(Targets targets, const float *rowLoss, int64_t rows,
+__device__ __forceinline__ void countRows(LossTargets targets, const float *rowLoss, int64_t rows,
                                           double *shared, double &sum, double &counted,
                                           double &bad) {
   double s = 0.0, c = 0.0, b = 0.0;
@@ -237,7 +200,7 @@ __device__ __forceinline__ void countRows(Targets targets, const float *rowLoss,
 constexpr int kCountThreads = 1024;
 
 /// loss = mean of the counted rows' losses, 0 when none counts. Grid: 1 block.
-__global__ void crossEntropyMeanKernel(Targets targets, const float *rowLoss, int64_t rows,
+__global__ void crossEntropyMeanKernel(LossTargets targets, const float *rowLoss, int64_t rows,
                                        FloatOut loss) {
   __shared__ double shared[32];
   double sum, counted, bad;
@@ -247,7 +210,7 @@ __global__ void crossEntropyMeanKernel(Targets targets, const float *rowLoss, in
 }
 
 /// scale = dloss / counted (0 when none counts, NaN when a label is bad). Grid: 1 block.
-__global__ void crossEntropyScaleKernel(Targets targets, int64_t rows, FloatIn dloss,
+__global__ void crossEntropyScaleKernel(LossTargets targets, int64_t rows, FloatIn dloss,
                                         float *scale) {
   __shared__ double shared[32];
   double sum, counted, bad;
@@ -260,7 +223,7 @@ __global__ void crossEntropyScaleKernel(Targets targets, int64_t rows, FloatIn d
 
 /// d logits[t] = scale (softmax(logits[t]) - onehot(target)), zeros where t does
 /// not count. Grid: one block per row.
-__global__ void crossEntropyBackwardKernel(FloatIn logits, Targets targets, int64_t vocab,
+__global__ void crossEntropyBackwardKernel(FloatIn logits, LossTargets targets, int64_t vocab,
                                            const float *scalePtr, FloatOut dlogits) {
   __shared__ float shared[32];
   int64_t t = blockIdx.x, target = targets(t), base = t * vocab;
@@ -293,8 +256,7 @@ void crossEntropy(KernelContext &ctx) {
         a.logits, a.targets, a.vocab, rowLoss);
     checkLaunch(ctx, "cross_entropy");
   }
-  crossEntropyMeanKernel<<<1, kCountThreads, 0, streamOf(ctx)>>>(a.targets, rowLoss, a.rows, loss);
-  checkLaunch(ctx, "cross_entropy (mean)");
+  meanLoss(ctx, a.targets, rowLoss, a.rows, loss);
 }
 
 /// d logits[t] = dloss / counted * (softmax(logits[t]) - onehot(target)).
@@ -310,14 +272,31 @@ void crossEntropyBackward(KernelContext &ctx) {
     return;
   Workspace ws(ctx);
   float *scale = ws.alloc<float>(1);
-  crossEntropyScaleKernel<<<1, kCountThreads, 0, streamOf(ctx)>>>(a.targets, a.rows, dloss, scale);
-  checkLaunch(ctx, "cross_entropy.backward (scale)");
+  lossGradScale(ctx, a.targets, a.rows, dloss, scale);
   crossEntropyBackwardKernel<<<blockCount(ctx, a.rows), a.threads(), 0, streamOf(ctx)>>>(
       a.logits, a.targets, a.vocab, scale, dlogits);
   checkLaunch(ctx, "cross_entropy.backward");
 }
 
 } // namespace
+
+LossTargets lossTargets(const KernelContext &ctx, const TensorRef &labels, int64_t vocab) {
+  bool shift = ctx.attrBool("shift_labels");
+  return LossTargets{indexIn(ctx, labels, "labels"), vocab, shift ? ctx.seqLen : 1,
+                     ctx.attrInt("ignore_index", -100), shift};
+}
+
+void meanLoss(const KernelContext &ctx, const LossTargets &targets, const float *rowLoss, int64_t rows,
+              FloatOut loss) {
+  crossEntropyMeanKernel<<<1, kCountThreads, 0, streamOf(ctx)>>>(targets, rowLoss, rows, loss);
+  checkLaunch(ctx, "loss (mean)");
+}
+
+void lossGradScale(const KernelContext &ctx, const LossTargets &targets, int64_t rows, FloatIn dloss,
+                   float *scale) {
+  crossEntropyScaleKernel<<<1, kCountThreads, 0, streamOf(ctx)>>>(targets, rows, dloss, scale);
+  checkLaunch(ctx, "loss gradient (scale)");
+}
 
 void registerTokenKernels(KernelRegistry &registry) {
   registry.add("embedding", embedding);

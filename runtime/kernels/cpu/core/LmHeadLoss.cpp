@@ -1,0 +1,170 @@
+//===- LmHeadLoss.cpp - the LM head fused with the loss, chunked ----------===//
+//
+// lm_head_cross_entropy computes cross_entropy(linear(input, weight), labels)
+// `chunk_tokens` rows at a time: one chunk of logits [chunk, V] lives in
+// scratch, never the [T, V] logits or their gradient. The arithmetic is the
+// unfused kernels' (Dense.cpp's product, Tokens.cpp's loss in double), so
+// both paths give the same loss and gradients up to the order of sums.
+//
+// With logits_type bf16 (a bf16 model, whose storage the CPU emulates in f32
+// buffers) the chunk's logits and their gradient are rounded to bf16 where
+// the unfused kernels' output buffers would be: the same function as the
+// CUDA kernel's bf16 scratch and as Hugging Face's bf16 logits.
+//
+// The forward writes the loss and each counted row's logsumexp (0 elsewhere);
+// the backward recomputes each chunk's logits, turns them in place into
+// d logits = dloss / counted * (softmax - onehot) with the saved logsumexp,
+// then d input = d logits W per chunk and d weight += d logitsᵀ input.
+//
+//===----------------------------------------------------------------------===//
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "runtime/kernels/cpu/Gemm.h"
+#include "runtime/kernels/cpu/core/CoreCommon.h"
+
+namespace moec::runtime::cpu::core {
+
+namespace {
+
+/// `v` as bf16 storage holds it: rounded to the nearest (ties to even); NaN stays NaN.
+float roundToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return v;
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&v, &bits, sizeof(bits));
+  return v;
+}
+
+/// input [T, H], weight [V, H], labels [T]; the chunked rows of logits.
+struct LmHeadLossArgs {
+  checks::core::LmHeadLossShape s;
+  const float *x, *w;
+  LossTargets targets;
+
+  explicit LmHeadLossArgs(const KernelContext &ctx) : s(checks::core::checkLmHeadLoss(ctx)) {
+    x = floats(ctx, ctx.in(0), "input");
+    w = floats(ctx, ctx.in(1), "weight");
+    targets = lossTargets(ctx, ctx.in(2), s.rows, s.vocab);
+  }
+
+  bool bf16() const { return s.logitsType == plan::BF16; }
+
+  /// logits[r - begin] = x[r] Wᵀ for rows [begin, begin + n), into `out` [n, V] (not yet
+  /// rounded: see round()).
+  void logits(int64_t begin, int64_t n, float *out) const {
+    gemm(false, true, n, s.vocab, s.hidden, 1.0f, x + begin * s.hidden, s.hidden, w, s.hidden, 0.0f,
+         out, s.vocab);
+  }
+
+  /// One row of logits or of their gradient rounded as logits_type stores it.
+  void round(float *row) const {
+    if (bf16())
+      for (int64_t v = 0; v < s.vocab; ++v)
+        row[v] = roundToBf16(row[v]);
+  }
+};
+
+/// log Σ_v exp(row[v]), in double as cross_entropy computes it.
+double logSumExp(const float *row, int64_t vocab) {
+  double top = *std::max_element(row, row + vocab), sum = 0;
+  for (int64_t v = 0; v < vocab; ++v)
+    sum += std::exp(row[v] - top);
+  return top + std::log(sum);
+}
+
+// With no counted position the loss and its gradient are 0, as cross_entropy's.
+void lmHeadCrossEntropy(KernelContext &ctx) {
+  LmHeadLossArgs a(ctx);
+  const int64_t rows = a.s.rows, vocab = a.s.vocab;
+  ctx.expectShape(ctx.out(0), "loss", {});
+  ctx.expectShape(ctx.out(1), "logsumexp", {rows});
+  float *loss = floats(ctx, ctx.out(0), "loss");
+  float *lse = floats(ctx, ctx.out(1), "logsumexp");
+  std::vector<double> rowLoss(static_cast<size_t>(rows), 0.0);
+  std::vector<float> chunk(static_cast<size_t>(a.s.chunk * vocab));
+  for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
+    int64_t n = std::min(a.s.chunk, rows - begin);
+    a.logits(begin, n, chunk.data());
+    ctx.parallelFor(n, [&](int64_t first, int64_t end) {
+      for (int64_t r = first; r < end; ++r) {
+        int64_t t = begin + r, target = a.targets.targets[t];
+        lse[t] = 0.0f;
+        if (target < 0 || vocab == 0)
+          continue;
+        float *row = chunk.data() + r * vocab;
+        a.round(row);
+        double l = logSumExp(row, vocab);
+        lse[t] = static_cast<float>(l);
+        rowLoss[t] = l - row[target];
+      }
+    });
+  }
+  double sum = 0;
+  for (double l : rowLoss)
+    sum += l;
+  *loss = a.targets.counted ? static_cast<float>(sum / a.targets.counted) : 0.0f;
+}
+
+void lmHeadCrossEntropyBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 2, {0, 1});
+  LmHeadLossArgs a(ctx);
+  const int64_t rows = a.s.rows, vocab = a.s.vocab, hidden = a.s.hidden;
+  if (launch.numResults() != 2)
+    ctx.fail("the backward needs the forward's results (loss, logsumexp): backward_segments "
+             "must list 2 results");
+  if (launch.resultGrad(1))
+    ctx.fail("the logsumexp result takes no gradient");
+  const TensorRef &lseRef = ctx.in(launch.numOperands() + 1);
+  ctx.expectShape(lseRef, "logsumexp", {rows});
+  const float *lse = floats(ctx, lseRef, "logsumexp");
+  const float dloss = *floats(ctx, launch.resultGrad0({}), "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1);
+  float *dx = dxRef ? floats(ctx, *dxRef, "the input gradient") : nullptr;
+  float *dw = dwRef ? floats(ctx, *dwRef, "the weight gradient") : nullptr;
+  if (dw && rows == 0)
+    std::fill(dw, dw + vocab * hidden, 0.0f);
+  if (!dx && !dw)
+    return;
+  double scale = a.targets.counted ? dloss / static_cast<double>(a.targets.counted) : 0.0;
+  std::vector<float> chunk(static_cast<size_t>(a.s.chunk * vocab));
+  for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
+    int64_t n = std::min(a.s.chunk, rows - begin);
+    float *d = chunk.data();
+    a.logits(begin, n, d);
+    ctx.parallelFor(n, [&](int64_t first, int64_t end) {
+      for (int64_t r = first; r < end; ++r) {
+        int64_t t = begin + r, target = a.targets.targets[t];
+        float *row = d + r * vocab;
+        if (target < 0) {
+          std::fill(row, row + vocab, 0.0f);
+          continue;
+        }
+        a.round(row); // the logits the forward saw
+        double l = lse[t];
+        for (int64_t v = 0; v < vocab; ++v)
+          row[v] = static_cast<float>(scale * (std::exp(row[v] - l) - (v == target ? 1.0 : 0.0)));
+        a.round(row); // as the unfused loss backward's output buffer holds it
+      }
+    });
+    if (dx) // d input = d logits W
+      gemm(false, false, n, hidden, vocab, 1.0f, d, vocab, a.w, hidden, 0.0f, dx + begin * hidden,
+           hidden);
+    if (dw) // d weight += d logitsᵀ input
+      gemm(true, false, vocab, hidden, n, 1.0f, d, vocab, a.x + begin * hidden, hidden,
+           begin == 0 ? 0.0f : 1.0f, dw, hidden);
+  }
+}
+
+} // namespace
+
+void registerLmHeadLossKernels(KernelRegistry &registry) {
+  registry.add("lm_head_cross_entropy", lmHeadCrossEntropy);
+  registry.add("lm_head_cross_entropy.backward", lmHeadCrossEntropyBackward);
+}
+
+} // namespace moec::runtime::cpu::core

@@ -1,0 +1,214 @@
+//===- LmHeadLoss.cu - the LM head fused with the loss, chunked -----------===//
+//
+// The twin of cpu/core/LmHeadLoss.cpp. Per chunk of `chunk_tokens` rows, in
+// stream-ordered scratch: a cuBLAS product writes the chunk's logits in the
+// storage type of the input (bf16 on a bf16 model: where the unfused linear
+// rounds its result), then one block per row reduces it.
+//
+//   forward:  logsumexp and the row's loss (cross_entropy's row kernel
+//             arithmetic), then the mean over the counted rows (Tokens.cu).
+//   backward: the chunk's logits again, turned in place into d logits =
+//             dloss / counted * (exp(logit - logsumexp) - onehot), rounded to
+//             the storage type as the unfused backward's d logits are; then
+//             d input = d logits W (each row within its chunk) and
+//             d weight += d logitsᵀ input (f32 across the chunks: in the
+//             gradient itself when it is f32, else in an f32 accumulator
+//             rounded once at the end).
+//
+// Labels are read on the device: a label that is neither ignore_index nor a
+// class makes the loss and every gradient NaN, where the CPU refuses the launch.
+//
+//===----------------------------------------------------------------------===//
+
+#include <algorithm>
+
+#include "runtime/kernels/checks/core/LmHeadLoss.h"
+#include "runtime/kernels/cuda/CudaGemm.h"
+#include "runtime/kernels/cuda/core/CoreCommon.cuh"
+#include "runtime/plan/PlanFormat.h"
+
+namespace moec::runtime::cuda::core {
+
+namespace {
+
+/// input [T, H] and weight [V, H] of one storage type, labels [T].
+struct LmHeadLossArgs {
+  checks::core::LmHeadLossShape s;
+  const TensorRef &input, &weight;
+  plan::DType storage;
+  LossTargets targets;
+
+  explicit LmHeadLossArgs(const KernelContext &ctx)
+      : s(checks::core::checkLmHeadLoss(ctx)), input(ctx.in(0)), weight(ctx.in(1)) {
+    expectFloats(ctx, input, "input");
+    expectFloats(ctx, weight, "weight");
+    if (weight.dtype != input.dtype)
+      ctx.fail(std::string("weight is ") + plan::dtypeName(weight.dtype) + ", expected the input's " +
+               plan::dtypeName(input.dtype));
+    storage = input.dtype;
+    // The chunk is held in the storage type, which is what logits_type must say (absent: f32).
+    plan::DType logits = s.logitsType == plan::DTYPE_UNSPECIFIED ? plan::F32 : s.logitsType;
+    if (logits != storage)
+      ctx.fail(std::string("logits_type ") + plan::dtypeName(logits) + " differs from the input's " +
+               plan::dtypeName(storage));
+    if (s.vocab > 0x7fffffff || s.hidden > 0x7fffffff || s.chunk > 0x7fffffff)
+      ctx.fail("a head of " + std::to_string(s.vocab) + " x " + std::to_string(s.hidden) +
+               " is too large for one product");
+    targets = lossTargets(ctx, ctx.in(2), s.vocab);
+  }
+
+  int64_t elementBytes() const { return plan::dtypeSize(storage); }
+  int threads() const { return rowThreads(s.vocab, 512); }
+
+  /// Rows [begin, begin + n) of the input.
+  const void *inputRows(int64_t begin) const {
+    return static_cast<const uint8_t *>(input.data) + begin * s.hidden * elementBytes();
+  }
+
+  /// chunk[n, V] = input rows [begin, begin + n) Wᵀ, in the storage type.
+  void logits(const KernelContext &ctx, int64_t begin, int64_t n, void *chunk) const {
+    if (s.hidden == 0) // an empty sum, which cuBLAS need not write
+      return fillFloats(ctx, FloatOut{chunk, storage == plan::BF16}, n * s.vocab, 0.0f);
+    gemm(ctx, false, true, n, s.vocab, s.hidden, 1.0f, inputRows(begin), s.hidden, weight.data, s.hidden,
+         storage, 0.0f, chunk, s.vocab, storage);
+  }
+};
+
+/// lse[t] and rowLoss[t] = lse[t] - logits[t, target] for the rows of one chunk (0 on rows
+/// that do not count, NaN on a bad label). Grid: one block per row of the chunk.
+__global__ void headLossRowsKernel(FloatIn chunk, int64_t begin, LossTargets targets, int64_t vocab,
+                                   float *lse, float *rowLoss) {
+  __shared__ float shared[32];
+  int64_t r = blockIdx.x, t = begin + r, target = targets(t);
+  if (target < 0) { // uniform over the block
+    if (threadIdx.x == 0) {
+      lse[t] = target == -1 ? 0.0f : NAN;
+      rowLoss[t] = target == -1 ? 0.0f : NAN;
+    }
+    return;
+  }
+  int64_t base = r * vocab;
+  float top, sum;
+  rowSoftmaxStats(chunk, base, vocab, shared, top, sum);
+  if (threadIdx.x == 0) {
+    lse[t] = top + logf(sum);
+    rowLoss[t] = (top - chunk[base + target]) + logf(sum); // cross_entropy's order of operations
+  }
+}
+
+/// chunk[r] = scale (exp(chunk[r] - lse[t]) - onehot(target)) in place, zeros on rows that do
+/// not count (NaN on a bad label). Grid: one block per row of the chunk.
+__global__ void headLossGradKernel(FloatOut chunk, int64_t begin, LossTargets targets, int64_t vocab,
+                                   const float *lse, const float *scalePtr) {
+  int64_t r = blockIdx.x, t = begin + r, target = targets(t), base = r * vocab;
+  if (target < 0) { // uniform over the block
+    float value = target == -1 ? 0.0f : NAN;
+    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x)
+      chunk.set(base + v, value);
+    return;
+  }
+  float scale = *scalePtr, l = lse[t];
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+    float p = expf(chunk.get(base + v) - l);
+    chunk.set(base + v, scale * (p - (v == target ? 1.0f : 0.0f)));
+  }
+}
+
+/// out[i] = in[i], rounded to out's storage type.
+__global__ void roundKernel(const float *in, FloatOut out, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out.set(i, in[i]);
+}
+
+// With no counted position the loss and its gradient are 0, as cross_entropy's.
+void lmHeadCrossEntropy(KernelContext &ctx) {
+  LmHeadLossArgs a(ctx);
+  const int64_t rows = a.s.rows, vocab = a.s.vocab;
+  ctx.expectShape(ctx.out(0), "loss", {});
+  ctx.expectShape(ctx.out(1), "logsumexp", {rows});
+  FloatOut loss = floatOut(ctx, ctx.out(0), "loss");
+  if (ctx.out(1).dtype != plan::F32)
+    ctx.fail(std::string("logsumexp must be f32, got ") + plan::dtypeName(ctx.out(1).dtype));
+  float *lse = static_cast<float *>(ctx.out(1).data);
+  Workspace ws(ctx);
+  float *rowLoss = ws.alloc<float>(rows);
+  void *chunk = ws.bytes(static_cast<size_t>(std::max<int64_t>(1, a.s.chunk * vocab * a.elementBytes())));
+  for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
+    int64_t n = std::min(a.s.chunk, rows - begin);
+    a.logits(ctx, begin, n, chunk);
+    headLossRowsKernel<<<blockCount(ctx, n), a.threads(), 0, streamOf(ctx)>>>(
+        FloatIn{chunk, a.storage == plan::BF16}, begin, a.targets, vocab, lse, rowLoss);
+    checkLaunch(ctx, "lm_head_cross_entropy");
+  }
+  meanLoss(ctx, a.targets, rowLoss, rows, loss);
+}
+
+void lmHeadCrossEntropyBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 2, {0, 1});
+  LmHeadLossArgs a(ctx);
+  const int64_t rows = a.s.rows, vocab = a.s.vocab, hidden = a.s.hidden;
+  if (launch.numResults() != 2)
+    ctx.fail("the backward needs the forward's results (loss, logsumexp): backward_segments "
+             "must list 2 results");
+  if (launch.resultGrad(1))
+    ctx.fail("the logsumexp result takes no gradient");
+  const TensorRef &lseRef = ctx.in(launch.numOperands() + 1);
+  ctx.expectShape(lseRef, "logsumexp", {rows});
+  if (lseRef.dtype != plan::F32)
+    ctx.fail(std::string("logsumexp must be f32, got ") + plan::dtypeName(lseRef.dtype));
+  const float *lse = static_cast<const float *>(lseRef.data);
+  FloatIn dloss = floatIn(ctx, launch.resultGrad0({}), "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1);
+  if (!dxRef && !dwRef)
+    return;
+  if (dxRef && dxRef->dtype != plan::F32 && dxRef->dtype != a.storage)
+    ctx.fail(std::string("the input gradient must be f32 or the input's ") + plan::dtypeName(a.storage) +
+             ", got " + plan::dtypeName(dxRef->dtype));
+  // d weight accumulates over the chunks in f32: the gradient itself, or scratch.
+  Workspace ws(ctx);
+  float *dwAcc = nullptr;
+  if (dwRef) {
+    FloatOut dw = floatOut(ctx, *dwRef, "the weight gradient");
+    dwAcc = dw.bf16 ? ws.alloc<float>(vocab * hidden) : static_cast<float *>(dwRef->data);
+    if (rows == 0 || vocab == 0)
+      fillFloats(ctx, dw, vocab * hidden, 0.0f);
+  }
+  if (vocab == 0) { // no class: nothing counts (a bad label: the CPU refuses the launch)
+    if (dxRef)
+      fillFloats(ctx, floatOut(ctx, *dxRef, "the input gradient"), rows * hidden, 0.0f);
+    return;
+  }
+  float *scale = ws.alloc<float>(1);
+  lossGradScale(ctx, a.targets, rows, dloss, scale);
+  void *chunk = ws.bytes(static_cast<size_t>(std::max<int64_t>(1, a.s.chunk * vocab * a.elementBytes())));
+  FloatOut d{chunk, a.storage == plan::BF16};
+  for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
+    int64_t n = std::min(a.s.chunk, rows - begin);
+    a.logits(ctx, begin, n, chunk);
+    headLossGradKernel<<<blockCount(ctx, n), a.threads(), 0, streamOf(ctx)>>>(d, begin, a.targets, vocab,
+                                                                              lse, scale);
+    checkLaunch(ctx, "lm_head_cross_entropy.backward");
+    if (dxRef) // d input = d logits W
+      gemm(ctx, false, false, n, hidden, vocab, 1.0f, chunk, vocab, a.weight.data, hidden, a.storage,
+           0.0f, static_cast<uint8_t *>(dxRef->data) + begin * hidden * plan::dtypeSize(dxRef->dtype),
+           hidden, dxRef->dtype);
+    if (dwRef) // d weight += d logitsᵀ input
+      gemm(ctx, true, false, vocab, hidden, n, 1.0f, chunk, vocab, a.inputRows(begin), hidden, a.storage,
+           begin == 0 ? 0.0f : 1.0f, dwAcc, hidden, plan::F32);
+  }
+  if (dwRef && dwRef->dtype == plan::BF16 && rows > 0 && vocab * hidden > 0) {
+    roundKernel<<<gridFor(vocab * hidden), kThreads, 0, streamOf(ctx)>>>(
+        dwAcc, FloatOut{dwRef->data, true}, vocab * hidden);
+    checkLaunch(ctx, "lm_head_cross_entropy.backward (weight gradient)");
+  }
+}
+
+} // namespace
+
+void registerLmHeadLossKernels(KernelRegistry &registry) {
+  registry.add("lm_head_cross_entropy", lmHeadCrossEntropy);
+  registry.add("lm_head_cross_entropy.backward", lmHeadCrossEntropyBackward);
+}
+
+} // namespace moec::runtime::cuda::core
