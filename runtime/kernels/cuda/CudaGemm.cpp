@@ -37,16 +37,15 @@ void check(const KernelContext &ctx, cublasStatus_t status) {
 // Row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the operands.
 void gemm(const KernelContext &ctx, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
           float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, plan::DType abType,
-          float beta, void *c, int64_t ldc, plan::DType cType, F32Math math) {
+          float beta, void *c, int64_t ldc, plan::DType cType) {
   gemmStridedBatched(ctx, transA, transB, m, n, k, alpha, a, lda, 0, b, ldb, 0, abType, beta, c, ldc, 0,
-                     cType, 1, math);
+                     cType, 1);
 }
 
 void gemmStridedBatched(const KernelContext &ctx, bool transA, bool transB, int64_t m, int64_t n,
                         int64_t k, float alpha, const void *a, int64_t lda, int64_t strideA,
                         const void *b, int64_t ldb, int64_t strideB, plan::DType abType, float beta,
-                        void *c, int64_t ldc, int64_t strideC, plan::DType cType, int64_t batch,
-                        F32Math math) {
+                        void *c, int64_t ldc, int64_t strideC, plan::DType cType, int64_t batch) {
   if (m == 0 || n == 0 || batch == 0)
     return;
   cublasHandle_t handle = handleFor(ctx);
@@ -55,9 +54,7 @@ void gemmStridedBatched(const KernelContext &ctx, bool transA, bool transB, int6
                  handle, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ab,
                  static_cast<int>(ldb), strideB, a, ab, static_cast<int>(lda), strideA, &beta, c, cc,
-                 static_cast<int>(ldc), strideC, static_cast<int>(batch),
-                 abType == plan::F32 && math == F32Math::Tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                               : CUBLAS_COMPUTE_32F,
+                 static_cast<int>(ldc), strideC, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
                  CUBLAS_GEMM_DEFAULT));
 }
 

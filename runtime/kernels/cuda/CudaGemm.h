@@ -16,22 +16,16 @@
 
 namespace moec::runtime::cuda {
 
-/// How an f32 product may run: exactly (f32 FMAs), or on the tensor cores in TF32 (inputs
-/// rounded to 10-bit mantissas, f32 accumulation). TF32 is for f32 products whose other
-/// inputs are bf16 data anyway (an f32 adapter on a bf16 model), never for f32 runs.
-enum class F32Math { Exact, Tf32 };
-
 /// C[m,n] = alpha * op(A) * op(B) + beta * C on ctx.stream; fails the launch on a cuBLAS error.
 void gemm(const KernelContext &ctx, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
           float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, plan::DType abType,
-          float beta, void *c, int64_t ldc, plan::DType cType, F32Math math = F32Math::Exact);
+          float beta, void *c, int64_t ldc, plan::DType cType);
 
 /// The same for `batch` products whose operands are `strideA/B/C` elements apart.
 void gemmStridedBatched(const KernelContext &ctx, bool transA, bool transB, int64_t m, int64_t n,
                         int64_t k, float alpha, const void *a, int64_t lda, int64_t strideA,
                         const void *b, int64_t ldb, int64_t strideB, plan::DType abType, float beta,
-                        void *c, int64_t ldc, int64_t strideC, plan::DType cType, int64_t batch,
-                        F32Math math = F32Math::Exact);
+                        void *c, int64_t ldc, int64_t strideC, plan::DType cType, int64_t batch);
 
 } // namespace moec::runtime::cuda
 

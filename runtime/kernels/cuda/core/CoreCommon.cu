@@ -120,22 +120,20 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
   }
   const void *pa = a.p, *pb = b.p;
   plan::DType abType = a.dtype;
-  F32Math math = F32Math::Exact;
-  if (a.dtype != b.dtype) { // one of each (an f32 adapter on bf16 data): f32 on the tensor cores
+  if (a.dtype != b.dtype) { // one of each (an f32 adapter on bf16 data): exact f32, as PEFT
     pa = asF32(ctx, ws, a);
     pb = asF32(ctx, ws, b);
     abType = plan::F32;
-    math = F32Math::Tf32;
   }
   if (cType == plan::F32 || cType == abType) {
-    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType, math);
+    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType);
     return;
   }
   // f32 product into a bf16 C: through an f32 copy.
   float *wide = ws.alloc<float>(m * n);
   if (beta != 0.0f)
     convert(ctx, FloatIn{c, true}, FloatOut{wide, false}, m * n);
-  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, wide, n, plan::F32, math);
+  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, wide, n, plan::F32);
   convert(ctx, FloatIn{wide, false}, FloatOut{c, true}, m * n);
 }
 
