@@ -5,15 +5,19 @@
 // (16 queries, 32 keys), several sequences, windows wider than a tile and
 // head dims covering every register layout (d, dv up to 320); backward with
 // every gradient and with subsets of them; F32 and BF16 storage. With BF16
-// storage, head dims 64 and 128 (value dim equal) take the tensor-core path
-// (Flash.cu), the rest the general kernels.
+// storage, (head dim, value dim) = (64, 64), (128, 128), (256, 256) and
+// (192, 128) take the tensor-core path (Flash.cu), the rest the general kernels.
 //
 // CudaAttentionFastPathTest: the tensor-core path on its own, BF16 only, at
-// sizes that cross its tiles (128 queries / 64 keys forward and dQ, 128 keys /
-// 64 queries dK/dV): head dims 64 and 128, GQA 1, 4 and 8, lengths 1, 100,
-// 130, 257 and 1000, two sequences, windows and sinks, every gradient and
-// subsets, the dK/dV head slicing and the query-tile shapes forced each way;
-// checked over each output and per head of every row (expectBlocksClose).
+// sizes that cross its tiles (128 queries / 64 or 32 keys forward and dQ, 128
+// or 64 keys / 64 queries dK/dV): head dims 64, 128, 256 (Qwen3-Next) and
+// 192 with value dim 128, GQA 1, 4 and 8, lengths 1, 100, 130, 257 and 1000,
+// two sequences, windows and sinks, every gradient and subsets, the dK/dV
+// head slicing and the query-tile shapes forced each way; checked over each
+// output and per head of every row (expectBlocksClose).
+//
+// Without a GPU the GPU tests skip in SetUp, before building any launch (the
+// CPU references of the larger shapes take seconds).
 //
 //===----------------------------------------------------------------------===//
 
@@ -49,8 +53,22 @@ std::string nameOf(const Config &c) {
   return os.str();
 }
 
+/// Whether there is a GPU (asked once).
+bool haveGpu(std::string *why) {
+  static std::string reason;
+  static const bool available = runtime::testing::cudaDeviceAvailable(&reason);
+  *why = reason;
+  return available;
+}
+
 class CudaAttentionTest : public ::testing::TestWithParam<Config> {
 protected:
+  void SetUp() override {
+    std::string why;
+    if (!haveGpu(&why))
+      GTEST_SKIP() << why;
+  }
+
   KernelCall call(const Config &c, uint64_t seed = 1) {
     int64_t tokens = c.seqs * c.len;
     KernelCall k(reg.cpu, "attention");
@@ -125,14 +143,14 @@ protected:
   std::vector<int64_t> blocksOf(const Config &c, const std::vector<int64_t> &outputs) {
     std::vector<int64_t> blocks;
     for (int64_t o : outputs)
-      blocks.push_back(o == 3 ? c.heads : c.headDim);
+      blocks.push_back(o == 3 ? c.heads : o == 2 ? c.valueDim : c.headDim);
     return blocks;
   }
   void checkForward(const Config &c) {
     Bf16Run r = runBf16(reg.gpu, call(c));
     if (r.skipped)
       GTEST_SKIP() << r.why;
-    expectBlocksClose(r, {c.headDim}, nameOf(c) + " forward");
+    expectBlocksClose(r, {c.valueDim}, nameOf(c) + " forward");
   }
   void checkBackward(const Config &c, const std::vector<int64_t> &wrt, const std::string &what) {
     Bf16Run r = runBf16(reg.gpu, backwardOf(reg.cpu, call(c), wrt, 42));
@@ -175,27 +193,40 @@ INSTANTIATE_TEST_SUITE_P(
         Config{8, 1, 64, 64, 1000, 129, false, 2},  // window just over two key tiles
         Config{4, 1, 64, 64, 130, 64, false, 2},    // window of one key tile
         Config{4, 2, 128, 128, 130, 1, true, 2},    // window 1: each token sees itself
-        Config{4, 4, 128, 128, 1, 0, true, 3}),     // single-token sequences
+        Config{4, 4, 128, 128, 1, 0, true, 3},      // single-token sequences
+        // Head dim 256 (Qwen3-Next: 16 heads, 2 kv heads): 32-key tiles, dK/dV in warp pairs.
+        Config{16, 2, 256, 256, 257, 0, false, 2},  // GQA 8:1, 3 query / 9 key / 5 dK tiles
+        Config{8, 8, 256, 256, 100, 0, true, 2},    // MHA, sinks, one partial query tile
+        Config{4, 1, 256, 256, 1000, 129, false, 1}, // MQA, window just over two dK tiles
+        Config{8, 2, 256, 256, 130, 64, true, 2},   // window of one dK tile and sinks
+        Config{4, 4, 256, 256, 1, 0, true, 3},      // single-token sequences
+        // Head dim 192, value dim 128 (MLA's; here in one part: mla_test covers its layout).
+        Config{8, 8, 192, 128, 257, 0, false, 2},
+        Config{8, 2, 192, 128, 130, 37, true, 2},
+        Config{4, 4, 192, 128, 1, 0, false, 3}),
     [](const ::testing::TestParamInfo<Config> &info) { return "f" + std::to_string(info.index); });
 
 TEST_F(CudaAttentionFastPathTest, EveryDkDvHeadSlicing) {
   // The dK/dV kernel takes heads-per-block (1 = partial sums per head, summed in order;
   // the group size = one block loops over all heads) from the problem size; force each.
-  Config c{8, 1, 128, 128, 257, 0, true, 2};
-  for (const char *heads : {"1", "2", "8"}) {
-    setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", heads, 1);
-    checkBackward(c, {0, 1, 2, 3}, std::string("backward, heads per dK/dV block ") + heads);
-  }
+  for (const Config &c : {Config{8, 1, 128, 128, 257, 0, true, 2}, Config{8, 1, 256, 256, 257, 0, true, 2},
+                          Config{4, 2, 192, 128, 200, 0, true, 2}})
+    for (const char *heads : {"1", "2", "8"}) {
+      setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", heads, 1); // ignored where it does not divide the group
+      checkBackward(c, {0, 1, 2, 3}, std::string("backward, heads per dK/dV block ") + heads);
+    }
   unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
 }
 
 TEST_F(CudaAttentionFastPathTest, EveryTileShape) {
-  // The query-tile kernels (forward, statistics, dQ) in each shape attention_bench times.
-  for (const char *tiles : {"16x64", "32x32", "32x64"}) {
+  // The query-tile kernels (forward, statistics, dQ) in each shape attention_bench times
+  // (a shape that does not fit a head dim falls back to its default).
+  for (const char *tiles : {"16x64", "16x32", "32x32", "32x64"}) {
     setenv("MOEC_ATTENTION_FORWARD_TILES", tiles, 1);
     setenv("MOEC_ATTENTION_DQ_TILES", tiles, 1);
     for (const Config &c :
-         {Config{8, 2, 128, 128, 257, 100, true, 2}, Config{8, 1, 64, 64, 300, 0, false, 2}}) {
+         {Config{8, 2, 128, 128, 257, 100, true, 2}, Config{8, 1, 64, 64, 300, 0, false, 2},
+          Config{4, 2, 256, 256, 200, 0, true, 2}, Config{4, 4, 192, 128, 200, 70, false, 2}}) {
       checkForward(c);
       checkBackward(c, c.sinks ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0, 1, 2},
                     std::string("backward, tiles ") + tiles);
@@ -207,14 +238,20 @@ TEST_F(CudaAttentionFastPathTest, EveryTileShape) {
 
 TEST_F(CudaAttentionFastPathTest, GeneralPathAgrees) {
   // MOEC_ATTENTION_GENERAL=1 sends the same launches to the general kernels.
-  Config c{8, 2, 64, 64, 257, 100, true, 2};
   setenv("MOEC_ATTENTION_GENERAL", "1", 1);
-  checkForward(c);
-  checkBackward(c, {0, 1, 2, 3}, "backward on the general path");
+  for (const Config &c : {Config{8, 2, 64, 64, 257, 100, true, 2}, Config{4, 2, 256, 256, 130, 0, true, 2}}) {
+    checkForward(c);
+    checkBackward(c, {0, 1, 2, 3}, "backward on the general path");
+  }
   unsetenv("MOEC_ATTENTION_GENERAL");
 }
 
-class CudaAttentionEdgeTest : public CudaAttentionTest {};
+// Small shapes, and a test that runs without a GPU: no skipping in SetUp
+// (compareBoth skips the GPU comparisons itself).
+class CudaAttentionEdgeTest : public CudaAttentionTest {
+protected:
+  void SetUp() override {}
+};
 
 TEST_F(CudaAttentionEdgeTest, VanishingSinks) {
   Config c{2, 2, 8, 8, 5, 0, true};

@@ -3,13 +3,13 @@
 // Two paths, chosen per launch by flashFits (Flash.cu):
 //
 //   Fast (Flash.cu, tensor cores): query, key, value (and the result
-//   gradient) in bf16 storage, 16-byte aligned rows, one part (dB = 0: the
-//   attention op, not MLA), head dim = value dim = 64 or 128, scale > 0.
+//   gradient) in bf16 storage, 16-byte aligned rows (both parts of query and
+//   key, when MLA splits them), (head dim, value dim) = (64, 64), (128, 128),
+//   (256, 256) or (192, 128) with parts of multiples of 8 features, scale > 0.
 //   Causal, GQA/MQA, sliding windows and sinks are all covered; outputs may
 //   be f32 or bf16. MOEC_ATTENTION_GENERAL=1 turns it off (benchmarks, bisecting).
 //   General (this file, f32 CUDA cores): everything else: f32 storage (the
-//   fp32 alignment runs), MLA's two-part keys, other head dims (up to 512),
-//   value dim != head dim.
+//   fp32 alignment runs), other head dims (up to 512) and value dims.
 //
 // The general kernels:
 //

@@ -5,8 +5,11 @@
 // FlashEmulation.h, which gives every CUDA thread a coroutine and
 // ldmatrix / mma.sync / cp.async their PTX semantics, against the
 // double-precision reference of cpu/attention/Reference.h. No GPU needed, so
-// this runs in CI; the GPU comparison tests (attention_test) check the real
-// thing. Shapes stay small: every thread of every block is emulated.
+// this runs in CI; the GPU comparison tests (attention_test, mla_test) check
+// the real thing. Every head-dim pair the fast path covers (64, 128, 256,
+// 192 with value 128, that one also in mla's two-part layout), with ragged
+// lengths, GQA, windows, sinks, dK/dV slices and forced tile shapes. Shapes
+// stay small: every thread of every block is emulated.
 //
 //===----------------------------------------------------------------------===//
 
@@ -85,14 +88,31 @@ struct Case {
   CopyMode mode = CopyMode::Eager;
   bool dq = true, dk = true, dv = true;
   const char *tiles = nullptr; // query-tile kernels' shape (MOEC_ATTENTION_*_TILES); null: default
+  int valueDim = 0;            // 0: d
+  // > 0: query and key in two parts as mla lays them out: part A (the first
+  // partA features) in the query / in key_value (whose value follows it),
+  // part B in their own tensors, the key's shared by every kv head (head
+  // stride 0); the gradients of the B parts in f32, as mla's scratch.
+  int partA = 0;
 };
+
+int valueDimOf(const Case &c) { return c.valueDim > 0 ? c.valueDim : c.d; }
+
+/// c with value dim dv and, when partA > 0, query and key in two parts.
+Case shaped(Case c, int dv, int partA = 0) {
+  c.valueDim = dv;
+  c.partA = partA;
+  return c;
+}
 
 std::string nameOf(const Case &c) {
   std::ostringstream os;
-  os << "d" << c.d << " H" << c.heads << " KV" << c.kvHeads << " L" << c.len << " x" << c.seqs
-     << " window " << c.window << (c.sinks ? " sinks" : "") << " heads/block " << c.headsPerBlock
-     << (c.f32Out ? " f32 out" : " bf16 out") << (c.mode == CopyMode::Lazy ? " lazy copies" : "")
-     << (c.tiles ? std::string(" tiles ") + c.tiles : "");
+  os << "d" << c.d << " dv" << valueDimOf(c) << " H" << c.heads << " KV" << c.kvHeads << " L" << c.len
+     << " x" << c.seqs << " window " << c.window << (c.sinks ? " sinks" : "") << " heads/block "
+     << c.headsPerBlock << (c.f32Out ? " f32 out" : " bf16 out")
+     << (c.mode == CopyMode::Lazy ? " lazy copies" : "") << (c.tiles ? std::string(" tiles ") + c.tiles : "")
+     << (c.partA ? " parts " + std::to_string(c.partA) + "+" + std::to_string(c.d - c.partA) : "")
+     << (c.dq ? "" : " no dq") << (c.dk ? "" : " no dk") << (c.dv ? "" : " no dv");
   return os.str();
 }
 
@@ -137,16 +157,51 @@ void expectClose(const Buffer &got, const std::vector<double> &want, int64_t blo
   }
 }
 
+/// Columns [c0, c0 + n) of each head of a [rows, heads * width] buffer, as floats.
+std::vector<float> columns(const Buffer &x, int64_t rows, int heads, int width, int c0, int n) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int h = 0; h < heads; ++h)
+      for (int e = 0; e < n; ++e)
+        out.push_back(x.at((r * heads + h) * width + c0 + e));
+  return out;
+}
+
 class FlashEmulationTest : public ::testing::TestWithParam<Case> {
 protected:
   void SetUp() override {
     const Case &c = GetParam();
     tokens = static_cast<int64_t>(c.len) * c.seqs;
+    dv = valueDimOf(c);
     q = randomBuffer(tokens * c.heads * c.d, 1);
     k = randomBuffer(tokens * c.kvHeads * c.d, 2);
-    v = randomBuffer(tokens * c.kvHeads * c.d, 3);
-    dO = randomBuffer(tokens * c.heads * c.d, 4);
+    v = randomBuffer(tokens * c.kvHeads * dv, 3);
+    dO = randomBuffer(tokens * c.heads * dv, 4);
     sinks = randomBuffer(c.heads, 5, 1.5f);
+    if (c.partA > 0) {
+      // The key's part B is one for all kv heads; q and k stay the reference's full view.
+      const int a = c.partA, b = c.d - a;
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int g = 1; g < c.kvHeads; ++g)
+          for (int e = a; e < c.d; ++e)
+            k.h[(t * c.kvHeads + g) * c.d + e] = k.h[t * c.kvHeads * c.d + e];
+      qB = Buffer(tokens * c.heads * b, true);
+      kB = Buffer(tokens * b, true);
+      kv = Buffer(tokens * c.kvHeads * (a + dv), true);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int h = 0; h < c.heads; ++h)
+          for (int e = 0; e < b; ++e)
+            qB.h[(t * c.heads + h) * b + e] = q.h[(t * c.heads + h) * c.d + a + e];
+        for (int e = 0; e < b; ++e)
+          kB.h[t * b + e] = k.h[t * c.kvHeads * c.d + a + e];
+        for (int g = 0; g < c.kvHeads; ++g) {
+          for (int e = 0; e < a; ++e)
+            kv.h[(t * c.kvHeads + g) * (a + dv) + e] = k.h[(t * c.kvHeads + g) * c.d + e];
+          for (int e = 0; e < dv; ++e)
+            kv.h[(t * c.kvHeads + g) * (a + dv) + a + e] = v.h[(t * c.kvHeads + g) * dv + e];
+        }
+      }
+    }
     if (c.headsPerBlock > 0)
       setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", std::to_string(c.headsPerBlock).c_str(), 1);
     else
@@ -173,32 +228,44 @@ protected:
     P.H = c.heads;
     P.KV = c.kvHeads;
     P.group = c.heads / c.kvHeads;
-    P.dA = c.d;
-    P.dv = c.d;
-    P.qA = Mat{q.in(), int64_t{c.heads} * c.d, c.d};
-    P.kA = Mat{k.in(), int64_t{c.kvHeads} * c.d, c.d};
-    P.v = Mat{v.in(), int64_t{c.kvHeads} * c.d, c.d};
+    P.dv = dv;
     P.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
     P.window = c.window;
     if (c.sinks)
       P.sinks = sinks.in();
+    if (c.partA == 0) {
+      P.dA = c.d;
+      P.qA = Mat{q.in(), int64_t{c.heads} * c.d, c.d};
+      P.kA = Mat{k.in(), int64_t{c.kvHeads} * c.d, c.d};
+      P.v = Mat{v.in(), int64_t{c.kvHeads} * dv, dv};
+      return P;
+    }
+    const int a = c.partA, b = c.d - a;
+    P.dA = a;
+    P.dB = b;
+    P.qA = Mat{q.in(), int64_t{c.heads} * c.d, c.d};
+    P.qB = Mat{qB.in(), int64_t{c.heads} * b, b};
+    P.kA = Mat{kv.in(), int64_t{c.kvHeads} * (a + dv), a + dv};
+    P.kB = Mat{kB.in(), b, 0};
+    P.v = Mat{FloatIn{kv.h.data() + a, 1}, int64_t{c.kvHeads} * (a + dv), a + dv};
     return P;
   }
 
-  /// Rows of sequence b, head `head` of a [tokens, heads * d] buffer, in double.
-  ref::Mat slice(const Buffer &x, int heads, int b, int head) {
+  /// Rows of sequence b, head `head` of a [tokens, heads * width] buffer, in double.
+  ref::Mat slice(const Buffer &x, int heads, int b, int head, int width) {
     const Case &c = GetParam();
-    ref::Mat m(c.len, ref::Vec(c.d));
+    ref::Mat m(c.len, ref::Vec(width));
     for (int t = 0; t < c.len; ++t)
-      for (int e = 0; e < c.d; ++e)
-        m[t][e] = x.at((static_cast<int64_t>(b) * c.len + t) * heads * c.d + head * c.d + e);
+      for (int e = 0; e < width; ++e)
+        m[t][e] = x.at((static_cast<int64_t>(b) * c.len + t) * heads * width + head * width + e);
     return m;
   }
-  void scatter(std::vector<double> &into, const ref::Mat &m, int heads, int b, int head, bool add) {
+  void scatter(std::vector<double> &into, const ref::Mat &m, int heads, int b, int head, int width,
+               bool add) {
     const Case &c = GetParam();
     for (int t = 0; t < c.len; ++t)
-      for (int e = 0; e < c.d; ++e) {
-        double &slot = into[(static_cast<int64_t>(b) * c.len + t) * heads * c.d + head * c.d + e];
+      for (int e = 0; e < width; ++e) {
+        double &slot = into[(static_cast<int64_t>(b) * c.len + t) * heads * width + head * width + e];
         slot = add ? slot + m[t][e] : m[t][e];
       }
   }
@@ -208,15 +275,17 @@ protected:
   }
 
   int64_t tokens = 0;
+  int dv = 0;
   Buffer q{0, true}, k{0, true}, v{0, true}, dO{0, true}, sinks{0, true};
+  Buffer qB{0, true}, kB{0, true}, kv{0, true}; // the two-part layout (partA > 0)
   KernelContext ctx;
 };
 
 TEST_P(FlashEmulationTest, ForwardMatchesReference) {
   const Case &c = GetParam();
   AttnParams P = params();
-  Buffer out(tokens * c.heads * c.d, !c.f32Out);
-  P.out = OutMat{out.out(), int64_t{c.heads} * c.d, c.d};
+  Buffer out(tokens * c.heads * dv, !c.f32Out);
+  P.out = OutMat{out.out(), int64_t{c.heads} * dv, dv};
   ASSERT_TRUE(flashFits(P, false));
   flashForward(ctx, P);
 
@@ -225,27 +294,49 @@ TEST_P(FlashEmulationTest, ForwardMatchesReference) {
   for (int b = 0; b < c.seqs; ++b)
     for (int h = 0; h < c.heads; ++h) {
       double sink = sinks.at(h);
-      ref::Mat o = ref::attend(slice(q, c.heads, b, h), slice(k, c.kvHeads, b, h / group),
-                               slice(v, c.kvHeads, b, h / group), P.scale, allowed(),
+      ref::Mat o = ref::attend(slice(q, c.heads, b, h, c.d), slice(k, c.kvHeads, b, h / group, c.d),
+                               slice(v, c.kvHeads, b, h / group, dv), P.scale, allowed(),
                                c.sinks ? &sink : nullptr);
-      scatter(want, o, c.heads, b, h, false);
+      scatter(want, o, c.heads, b, h, dv, false);
     }
-  expectClose(out, want, c.d, 1e-2, nameOf(c) + " forward");
+  expectClose(out, want, dv, 1e-2, nameOf(c) + " forward");
 }
 
 TEST_P(FlashEmulationTest, BackwardMatchesReference) {
   const Case &c = GetParam();
   AttnParams P = params();
-  const int group = c.heads / c.kvHeads;
-  P.dO = Mat{dO.in(), int64_t{c.heads} * c.d, c.d};
+  const int group = c.heads / c.kvHeads, a = c.partA, b = c.d - c.partA;
+  P.dO = Mat{dO.in(), int64_t{c.heads} * dv, dv};
   Buffer dq(tokens * c.heads * c.d, !c.f32Out), dk(tokens * c.kvHeads * c.d, !c.f32Out),
-      dv(tokens * c.kvHeads * c.d, !c.f32Out), dSinks(c.heads, false);
-  if (c.dq)
-    P.dqA = OutMat{dq.out(), int64_t{c.heads} * c.d, c.d};
-  if (c.dk)
-    P.dkA = OutMat{dk.out(), int64_t{c.kvHeads} * c.d, c.d};
-  if (c.dv)
-    P.dV = OutMat{dv.out(), int64_t{c.kvHeads} * c.d, c.d};
+      dvb(tokens * c.kvHeads * dv, !c.f32Out), dSinks(c.heads, false);
+  // The two-part layout: dq's part A in a [T, H * d] tensor (its B columns stay
+  // unwritten), part B in f32 [T, H * b]; dk's part A and dv in [T, KV * (a + dv)], dk's part
+  // B in f32 [T, KV * b].
+  Buffer dqB(a ? tokens * c.heads * b : 0, false), dkv(a ? tokens * c.kvHeads * (a + dv) : 0, !c.f32Out),
+      dkB(a ? tokens * c.kvHeads * b : 0, false);
+  if (a == 0) {
+    if (c.dq)
+      P.dqA = OutMat{dq.out(), int64_t{c.heads} * c.d, c.d};
+    if (c.dk)
+      P.dkA = OutMat{dk.out(), int64_t{c.kvHeads} * c.d, c.d};
+    if (c.dv)
+      P.dV = OutMat{dvb.out(), int64_t{c.kvHeads} * dv, dv};
+  } else {
+    const int64_t ldkv = int64_t{c.kvHeads} * (a + dv);
+    if (c.dq) {
+      P.dqA = OutMat{dq.out(), int64_t{c.heads} * c.d, c.d};
+      P.dqB = OutMat{dqB.out(), int64_t{c.heads} * b, b};
+    }
+    if (c.dk) {
+      P.dkA = OutMat{dkv.out(), ldkv, a + dv};
+      P.dkB = OutMat{dkB.out(), int64_t{c.kvHeads} * b, b};
+    }
+    if (c.dv)
+      P.dV = OutMat{FloatOut{c.f32Out ? static_cast<void *>(dkv.f.data() + a)
+                                      : static_cast<void *>(dkv.h.data() + a),
+                             c.f32Out ? 0 : 1},
+                    ldkv, a + dv};
+  }
   ASSERT_TRUE(flashFits(P, true));
   {
     Scratch scratch(ctx);
@@ -253,26 +344,52 @@ TEST_P(FlashEmulationTest, BackwardMatchesReference) {
   }
 
   std::vector<double> wantDq(static_cast<size_t>(dq.size())), wantDk(static_cast<size_t>(dk.size()), 0.0),
-      wantDv(static_cast<size_t>(dv.size()), 0.0), wantSinks(static_cast<size_t>(c.heads), 0.0);
-  for (int b = 0; b < c.seqs; ++b)
+      wantDv(static_cast<size_t>(dvb.size()), 0.0), wantSinks(static_cast<size_t>(c.heads), 0.0);
+  for (int s = 0; s < c.seqs; ++s)
     for (int h = 0; h < c.heads; ++h) {
       const int g = h / group;
       double sink = sinks.at(h);
-      ref::AttendGrads r = ref::attendBackward(slice(q, c.heads, b, h), slice(k, c.kvHeads, b, g),
-                                               slice(v, c.kvHeads, b, g), P.scale, allowed(),
-                                               c.sinks ? &sink : nullptr, slice(dO, c.heads, b, h));
-      scatter(wantDq, r.dq, c.heads, b, h, false);
-      scatter(wantDk, r.dk, c.kvHeads, b, g, true);
-      scatter(wantDv, r.dv, c.kvHeads, b, g, true);
+      ref::AttendGrads r = ref::attendBackward(
+          slice(q, c.heads, s, h, c.d), slice(k, c.kvHeads, s, g, c.d), slice(v, c.kvHeads, s, g, dv),
+          P.scale, allowed(), c.sinks ? &sink : nullptr, slice(dO, c.heads, s, h, dv));
+      scatter(wantDq, r.dq, c.heads, s, h, c.d, false);
+      scatter(wantDk, r.dk, c.kvHeads, s, g, c.d, true);
+      scatter(wantDv, r.dv, c.kvHeads, s, g, dv, true);
       wantSinks[h] += r.dsink;
     }
+  if (a > 0) {
+    // Reassemble the parts as [T, heads * d] (and [T, KV * dv]) floats.
+    auto join = [&](const Buffer &partA, int widthA, const Buffer &partB, int heads) {
+      Buffer full(tokens * heads * c.d, false);
+      const std::vector<float> lo = columns(partA, tokens, heads, widthA, 0, a),
+                               hi = columns(partB, tokens, heads, b, 0, b);
+      for (int64_t i = 0; i < tokens * heads; ++i) {
+        std::copy_n(lo.begin() + i * a, a, full.f.begin() + i * c.d);
+        std::copy_n(hi.begin() + i * b, b, full.f.begin() + i * c.d + a);
+      }
+      return full;
+    };
+    if (c.dq) {
+      // The kernels write part A of dq and nothing of its B columns (mla's q_pe slots).
+      const std::vector<float> untouched = columns(dq, tokens, c.heads, c.d, a, b);
+      EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }))
+          << nameOf(c) << ": dq written past its part A";
+      dq = join(dq, c.d, dqB, c.heads);
+    }
+    if (c.dk)
+      dk = join(dkv, a + dv, dkB, c.kvHeads);
+    if (c.dv) {
+      dvb = Buffer(tokens * c.kvHeads * dv, false);
+      dvb.f = columns(dkv, tokens, c.kvHeads, a + dv, a, dv);
+    }
+  }
   const std::string what = nameOf(c);
   if (c.dq)
     expectClose(dq, wantDq, c.d, 2e-2, what + " dq");
   if (c.dk)
     expectClose(dk, wantDk, c.d, 2e-2, what + " dk");
   if (c.dv)
-    expectClose(dv, wantDv, c.d, 2e-2, what + " dv");
+    expectClose(dvb, wantDv, dv, 2e-2, what + " dv");
   if (c.sinks)
     expectClose(dSinks, wantSinks, c.heads, 2e-2, what + " dsinks");
 }
@@ -308,7 +425,39 @@ INSTANTIATE_TEST_SUITE_P(
         Case{128, 2, 2, 100, 1, 37, false, 0, true, CopyMode::Eager, true, true, true, "32x32"},
         Case{128, 2, 2, 100, 1, 37, false, 0, true, CopyMode::Lazy, true, true, true, "32x64"},
         Case{64, 2, 2, 180, 1, 18, false, 0, false, CopyMode::Eager, true, true, true, "32x32"},
-        Case{64, 2, 2, 40, 2, 1, true, 0, false, CopyMode::Eager, true, true, true, "32x64"}),
+        Case{64, 2, 2, 40, 2, 1, true, 0, false, CopyMode::Eager, true, true, true, "32x64"},
+        // Head dim 256 (Qwen3-Next): 32-key tiles in the forward and dQ, warp pairs of 64-key
+        // blocks in dK/dV. Ragged lengths over several tiles of each; sinks; lazy copies.
+        Case{256, 2, 1, 100, 1, 0, true, 0, false, CopyMode::Lazy},
+        Case{256, 2, 2, 257, 1, 0, false, 0, true},
+        // GQA 8:1: dK/dV partials per head (the launch's choice here), then all 8 heads in one block.
+        Case{256, 8, 1, 70, 1, 0, false},
+        Case{256, 8, 1, 70, 1, 0, true, 8, false, CopyMode::Lazy},
+        // Single tokens; windows inside, at and across the 64-key blocks, with slices of 2 heads.
+        Case{256, 2, 1, 1, 3, 0, true},
+        Case{256, 4, 2, 150, 1, 37, true, 2},
+        Case{256, 2, 2, 130, 1, 64, false, 0, true},
+        Case{256, 4, 1, 90, 2, 1, true, 2},
+        // Subsets of the gradients (with dK/dV slices); the forward's spilling 16x64 shape, and
+        // shapes that do not fit d = 256 (32 queries per warp), which fall back to the defaults.
+        Case{256, 4, 2, 70, 1, 0, true, 1, false, CopyMode::Eager, false, true, false},
+        Case{256, 4, 2, 70, 1, 20, false, 1, false, CopyMode::Lazy, true, false, true},
+        Case{256, 2, 1, 100, 1, 0, false, 0, false, CopyMode::Lazy, true, true, true, "16x64"},
+        Case{256, 2, 2, 80, 1, 0, true, 0, true, CopyMode::Eager, true, true, true, "32x64"},
+        // Head dim 192, value dim 128 (MLA's shapes) in one part ...
+        shaped(Case{192, 4, 2, 100, 1, 0, true, 0, false, CopyMode::Lazy}, 128),
+        shaped(Case{192, 2, 1, 257, 1, 50, false, 0, true}, 128),
+        shaped(Case{192, 4, 1, 70, 2, 0, false, 2, false, CopyMode::Eager, true, true, true, "16x64"}, 128),
+        // ... and as mla lays it out: 128 + 64 features, the key's rope part shared by every head.
+        shaped(Case{192, 4, 4, 100, 2, 0, false, 0, false, CopyMode::Lazy}, 128, 128),
+        shaped(Case{192, 2, 2, 257, 1, 0, false, 0, true}, 128, 128),
+        shaped(Case{192, 4, 2, 70, 1, 30, true, 1, false, CopyMode::Lazy}, 128, 128),
+        shaped(Case{192, 2, 2, 1, 2, 0, false}, 128, 128),
+        shaped(Case{192, 2, 2, 60, 1, 0, false, 0, false, CopyMode::Eager, false, true, false, "32x32"}, 128,
+               128),
+        shaped(Case{192, 2, 2, 60, 1, 0, false, 0, true, CopyMode::Eager, true, false, true}, 128, 128),
+        // Parts split elsewhere (64 + 128).
+        shaped(Case{192, 2, 2, 40, 1, 0, true}, 128, 64)),
     [](const ::testing::TestParamInfo<Case> &info) { return "c" + std::to_string(info.index); });
 
 TEST(FlashDispatchTest, FastPathOnlyForWhatItCovers) {
@@ -335,15 +484,42 @@ TEST(FlashDispatchTest, FastPathOnlyForWhatItCovers) {
   AttnParams P = base();
   P.qA.t = FloatIn{f32.data(), 0}; // f32 storage: the general kernels
   EXPECT_FALSE(flashFits(P, false));
+  for (int d : {128, 256}) { // the other head dims of the fast path
+    P = base();
+    P.dA = P.dv = d;
+    EXPECT_TRUE(flashFits(P, false)) << d;
+  }
   P = base();
   P.dA = P.dv = 96; // other head dims
   EXPECT_FALSE(flashFits(P, false));
   P = base();
-  P.dv = 128; // value dim != head dim
+  P.dv = 128; // value dim != head dim, except 192 / 128
   EXPECT_FALSE(flashFits(P, false));
   P = base();
-  P.dB = 64; // MLA's second part
+  P.dA = 192, P.dv = 128;
+  EXPECT_TRUE(flashFits(P, true));
+  P.dv = 192;
   EXPECT_FALSE(flashFits(P, false));
+  P = base();
+  P.dA = 256, P.dv = 128;
+  EXPECT_FALSE(flashFits(P, false));
+  P = base();
+  P.dB = 64; // a second part: only for MLA's 128 + 64 (or another split of 192) with value 128
+  EXPECT_FALSE(flashFits(P, false));
+  P.qB = Mat{FloatIn{storage.data(), 1}, 256, 64};
+  P.kB = Mat{FloatIn{storage.data(), 1}, 64, 0};
+  EXPECT_FALSE(flashFits(P, false));
+  P.dA = 128, P.dv = 128;
+  EXPECT_TRUE(flashFits(P, false));
+  P.dA = 124, P.dB = 68; // parts of multiples of 8 features only
+  EXPECT_FALSE(flashFits(P, false));
+  P.dA = 128, P.dB = 64;
+  P.kB.t = FloatIn{f32.data(), 0}; // an f32 (rotated) part
+  EXPECT_FALSE(flashFits(P, false));
+  P.kB.t = FloatIn{storage.data(), 1};
+  P.dqB = OutMat{FloatOut{f32.data() + 1, 0}, 256, 64}; // a misaligned part of a gradient
+  EXPECT_TRUE(flashFits(P, false));
+  EXPECT_FALSE(flashFits(P, true));
   P = base();
   P.kA.t.p = storage.data() + 1; // rows not 16-byte aligned
   EXPECT_FALSE(flashFits(P, false));

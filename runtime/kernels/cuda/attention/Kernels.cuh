@@ -63,6 +63,9 @@ void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, Flo
 /// Whether the tensor-core kernels of Flash.cu cover this launch (Dense.cu
 /// says which launches do); denseForward / denseBackward dispatch on it.
 bool flashFits(const AttnParams &P, bool backward);
+/// Whether they cover these head dims (query/key parts A and B, value): the
+/// first of flashFits' conditions, for callers that lay out their operands for it.
+bool flashHeadDims(int dA, int dB, int dv);
 void flashForward(const KernelContext &ctx, const AttnParams &P);
 /// As denseBackward, once it knows some gradient is wanted.
 void flashBackward(const KernelContext &ctx, const AttnParams &P, Scratch &scratch, FloatOut dSinks);

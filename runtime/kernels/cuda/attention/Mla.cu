@@ -4,9 +4,11 @@
 // [T, H*(nope+v)], positions [T] -> [T, H*v]; sparse_attention adds indices
 // [T, K]. As cpu/attention/Mla.cpp: per head q = [q_nope | q_pe], k =
 // [k_nope | k_pe] with k_pe = key_rope shared by every head; q_pe and k_pe
-// rotate with `rope` (absent: NoPE). The rotated copies go to f32 scratch
-// (one block per token), then the core runs with query/key parts A = nope,
-// B = rope (Dense.cu, Sparse.cu).
+// rotate with `rope` (absent: NoPE). The rotated copies go to scratch (one
+// block per token), then the core runs with query/key parts A = nope,
+// B = rope (Dense.cu, Sparse.cu). The scratch is f32, except where dense
+// attention's tensor-core path takes the launch (bf16 storage, head dims
+// flashHeadDims covers: DeepSeek's 128 + 64, value 128): bf16, which it reads.
 //
 // Backward: q_pe's gradient gathers in rotated space (f32 scratch) and
 // rotates back; k_pe's gradient is written per head (scratch [T, H, rope]),
@@ -30,9 +32,9 @@ enum Operand { Query, KeyRope, KeyValue, Positions, Indices };
 constexpr int kRopeThreads = 128;
 constexpr int64_t kMaxPe = 2 * kMaxRopeHalf;
 
-/// q_pe of every head and k_pe of token t, rotated into f32 scratch.
+/// q_pe of every head and k_pe of token t, rotated into scratch.
 __global__ void __launch_bounds__(kRopeThreads)
-    rotatePartsKernel(FloatIn query, FloatIn keyRope, IndexIn positions, float *qPe, float *kPe,
+    rotatePartsKernel(FloatIn query, FloatIn keyRope, IndexIn positions, FloatOut qPe, FloatOut kPe,
                       int heads, int64_t qk, int64_t nope, RopeConsts r) {
   __shared__ float cs[kMaxRopeHalf], sn[kMaxRopeHalf];
   const int64_t t = blockIdx.x;
@@ -50,9 +52,9 @@ __global__ void __launch_bounds__(kRopeThreads)
     float value = e < r.half ? __fsub_rn(__fmul_rn(a, cs[i]), __fmul_rn(b, sn[i]))
                              : __fadd_rn(__fmul_rn(b, cs[i]), __fmul_rn(a, sn[i]));
     if (h < heads)
-      qPe[(t * heads + h) * rope + e] = value;
+      st(qPe, (t * heads + h) * rope + e, value);
     else
-      kPe[t * rope + e] = value;
+      st(kPe, t * rope + e, value);
   }
 }
 
@@ -139,8 +141,8 @@ void checkInputCount(const KernelContext &ctx, bool sparse) {
 }
 
 /// The core's parameters, with q_pe / k_pe rotated into scratch when the layer has RoPE.
-AttnParams paramsOf(const KernelContext &ctx, const MlaLaunch &l, Scratch &scratch,
-                    RopeConsts &consts) {
+AttnParams paramsOf(const KernelContext &ctx, const MlaLaunch &l, Scratch &scratch, RopeConsts &consts,
+                    bool sparse) {
   AttnParams P;
   P.L = l.seqs.length;
   P.B = l.seqs.count;
@@ -161,13 +163,17 @@ AttnParams paramsOf(const KernelContext &ctx, const MlaLaunch &l, Scratch &scrat
     return P;
   }
   consts = ropeConsts(ctx, *l.spec);
-  float *qPe = scratch.floats(l.tokens * l.heads * l.rope);
-  float *kPe = scratch.floats(l.tokens * l.rope);
+  // bf16 where dense attention's tensor-core path may take the launch (it reads bf16 only),
+  // else f32: the general kernels keep the rotation's f32 values.
+  const int bf16 = !sparse && l.q.bf16 && l.kv.bf16 && flashHeadDims(P.dA, P.dB, P.dv) ? 1 : 0;
+  const size_t size = bf16 ? 2 : 4;
+  FloatOut qPe{scratch.bytes(static_cast<size_t>(l.tokens * l.heads * l.rope) * size), bf16};
+  FloatOut kPe{scratch.bytes(static_cast<size_t>(l.tokens * l.rope) * size), bf16};
   rotatePartsKernel<<<static_cast<unsigned>(l.tokens), kRopeThreads, 0, streamOf(ctx)>>>(
       l.q, l.kr, l.positions, qPe, kPe, P.H, l.qk, l.nope, consts);
   checkLaunch(ctx, "mla (rope)");
-  P.qB = Mat{f32In(qPe), l.heads * l.rope, l.rope};
-  P.kB = Mat{f32In(kPe), l.rope, 0};
+  P.qB = Mat{FloatIn{qPe.p, bf16}, l.heads * l.rope, l.rope};
+  P.kB = Mat{FloatIn{kPe.p, bf16}, l.rope, 0};
   return P;
 }
 
@@ -180,7 +186,7 @@ void mlaForward(KernelContext &ctx, bool sparse) {
   FloatOut out = floatOut(ctx, ctx.out(0), "result", {l.tokens, ldo});
   Scratch scratch(ctx);
   RopeConsts consts{};
-  AttnParams P = paramsOf(ctx, l, scratch, consts);
+  AttnParams P = paramsOf(ctx, l, scratch, consts, sparse);
   P.out = OutMat{out, ldo, l.vDim};
   if (!sparse) {
     denseForward(ctx, P);
@@ -203,7 +209,7 @@ void mlaBackward(KernelContext &ctx, bool sparse) {
     return;
   Scratch scratch(ctx);
   RopeConsts consts{};
-  AttnParams P = paramsOf(ctx, l, scratch, consts);
+  AttnParams P = paramsOf(ctx, l, scratch, consts, sparse);
   const bool rotated = l.spec && l.rope > 0;
   P.dO = Mat{gradOut, ldo, l.vDim};
   float *dqPe = nullptr, *dkPeHeads = nullptr;

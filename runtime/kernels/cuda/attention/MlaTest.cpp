@@ -5,7 +5,11 @@
 // multiple of the tiles, several sequences, empty rope or nope parts; sparse
 // attention with -1s, repeated and future indices, a row that selects
 // nothing, every key selected, i32 and i64 indices; backward with every
-// gradient and with subsets; F32 and BF16 storage.
+// gradient and with subsets; F32 and BF16 storage. Dense mla with BF16
+// storage and DeepSeek's head sizes takes the tensor-core path (Flash.cu, its
+// query and key in two parts: nope in the operands, rope in bf16 scratch);
+// lengths crossing its tiles check it here. Without a GPU the GPU tests skip
+// in SetUp, before building any launch.
 //
 //===----------------------------------------------------------------------===//
 
@@ -55,6 +59,13 @@ std::vector<int64_t> someIndices(const Config &c, int64_t topk, uint64_t seed) {
 
 class CudaMlaTest : public ::testing::TestWithParam<Config> {
 protected:
+  void SetUp() override {
+    static std::string why;
+    static const bool gpu = runtime::testing::cudaDeviceAvailable(&why);
+    if (!gpu)
+      GTEST_SKIP() << why;
+  }
+
   KernelCall call(const Config &c, const std::vector<int64_t> *indices = nullptr, int64_t topk = 0,
                   plan::DType indexType = plan::I32) {
     int64_t tokens = c.seqs * c.len;
@@ -143,13 +154,42 @@ INSTANTIATE_TEST_SUITE_P(
         // Several tiles, more sequences, DeepSeek-sized heads, empty parts.
         Config{4, 32, 16, 32, 70, Pe::Interleaved, true},
         Config{2, 128, 64, 128, 37, Pe::Interleaved, true, 1}, // DeepSeek-V3 head sizes
+        // The tensor-core path (BF16): 3 query tiles, 5 dK/dV tiles; half RoPE; NoPE (the
+        // key's rope part straight from key_rope).
+        Config{4, 128, 64, 128, 257, Pe::Interleaved, true, 2},
+        Config{2, 128, 64, 128, 130, Pe::Half, false, 1},
+        Config{2, 128, 64, 128, 100, Pe::None, false, 2},
         Config{3, 16, 8, 16, 33, Pe::None, false, 3},
         Config{2, 24, 8, 16, 45, Pe::Half, false, 3},
         Config{2, 0, 8, 8, 10, Pe::Half, false},   // no nope part
         Config{2, 8, 0, 8, 10, Pe::None, false}),  // no rope part
     [](const ::testing::TestParamInfo<Config> &info) { return "v" + std::to_string(info.index); });
 
-class CudaMlaEdgeTest : public CudaMlaTest {};
+TEST_F(CudaMlaTest, FastPathPerHead) {
+  // Dense mla on the tensor-core path, BF16, checked per head of every row as well
+  // (expectBlocksClose): the rope parts' rotation, scratch and gradients included.
+  for (const Config &c : {Config{4, 128, 64, 128, 257, Pe::Interleaved, true, 2},
+                          Config{2, 128, 64, 128, 100, Pe::None, false, 2}}) {
+    Bf16Run r = runBf16(reg.gpu, call(c));
+    if (r.skipped)
+      GTEST_SKIP() << r.why;
+    expectBlocksClose(r, {c.vDim}, "mla " + nameOf(c));
+    for (const std::vector<int64_t> &wrt : std::vector<std::vector<int64_t>>{{0, 1, 2}, {1}, {2, 0}}) {
+      std::vector<int64_t> blocks;
+      for (int64_t i : wrt)
+        blocks.push_back(i == 0 ? c.nope + c.rope : i == 1 ? c.rope : c.nope + c.vDim);
+      expectBlocksClose(runBf16(reg.gpu, backwardOf(reg.cpu, call(c), wrt, 21)), blocks,
+                        "mla backward " + nameOf(c));
+    }
+  }
+}
+
+// Small shapes, and a test that runs without a GPU: no skipping in SetUp
+// (compareBoth skips the GPU comparisons itself).
+class CudaMlaEdgeTest : public CudaMlaTest {
+protected:
+  void SetUp() override {}
+};
 
 TEST_F(CudaMlaEdgeTest, SparseBackwardWithoutAResultGradientIsZero) {
   Config c{2, 6, 4, 5, 7, Pe::Half, false};

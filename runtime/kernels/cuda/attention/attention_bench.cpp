@@ -1,21 +1,27 @@
-//===- attention_bench.cpp - causal GQA attention on Qwen3-30B-A3B shapes --===//
+//===- attention_bench.cpp - causal attention and mla on model shapes ------===//
 //
 // Times (CUDA events, median of --iters after --warmup runs) the CUDA
-// `attention` and `attention.backward` kernels as the executor launches them
-// (through the registry: output zeroing and scratch included) on bf16
-// tensors: 4096 tokens, one sequence, 32 query heads, 4 KV heads, head dim
-// 128, causal, scale 1/sqrt(d). Prints ms and TFLOP/s with causal FLOPs
-// (forward 2·2·T²·d·H / 2, backward 2.5x that), the backward also with only
-// dQ and only dK, dV asked for, then the tuning choices of Flash.cu (tile
-// shapes of the query-tile kernels, heads per dK/dV block). First it checks
-// the fast path at full size: the relative L2 difference of each output from
-// the general kernels (MOEC_ATTENTION_GENERAL=1) on the same inputs, and
-// whether two backward runs give the same bits. --general also times the
-// general kernels.
+// `attention` / `attention.backward` and `mla` / `mla.backward` kernels as
+// the executor launches them (through the registry: output zeroing and
+// scratch included) on bf16 tensors, one sequence, causal. Shapes (--shape,
+// default all three):
+//   qwen3-30b:  4096 tokens, 32 query heads, 4 KV heads, head dim 128;
+//   qwen3-next: 4096 tokens, 16 query heads, 2 KV heads, head dim 256;
+//   mla:        4096 tokens, 128 heads, DeepSeek-V3 / Kimi K2 mla: nope 128,
+//               rope 64 (interleaved RoPE), value 128;
+// or one attention shape from --tokens/--heads/--kv-heads/--dim/--value-dim.
+// Prints ms and TFLOP/s with causal FLOPs (forward 2·T²·H·(d_qk + d_v) / 2,
+// backward 2.5x that), the backward also with only dQ and only dK, dV asked
+// for, then the tuning choices of Flash.cu (tile shapes of the query-tile
+// kernels, heads per dK/dV block). First it checks the fast path at full
+// size: the relative L2 difference of each output from the general kernels
+// (MOEC_ATTENTION_GENERAL=1) on the same inputs, and whether two backward
+// runs give the same bits. --general also times the general kernels.
 //
 //   bazel build //runtime/kernels/cuda/attention:attention_bench
-//   bazel-bin/runtime/kernels/cuda/attention/attention_bench [--tokens N] [--heads H]
-//       [--kv-heads KV] [--dim D] [--window W] [--sinks] [--iters N] [--warmup N] [--general]
+//   bazel-bin/runtime/kernels/cuda/attention/attention_bench [--shape qwen3-30b|qwen3-next|mla]
+//       [--tokens N] [--heads H] [--kv-heads KV] [--dim D] [--value-dim DV] [--window W]
+//       [--sinks] [--iters N] [--warmup N] [--general]
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,9 +44,11 @@ namespace {
 
 using moec::runtime::KernelContext;
 using moec::runtime::KernelError;
+using moec::runtime::KernelFn;
 using moec::runtime::KernelRegistry;
 using moec::runtime::TensorRef;
 namespace plan = moec::plan;
+using Attrs = google::protobuf::Map<std::string, plan::Attr>;
 
 void check(cudaError_t error, const char *what) {
   if (error != cudaSuccess) {
@@ -78,6 +86,19 @@ TensorRef bf16Tensor(int64_t rows, int64_t cols, uint64_t seed, float scale) {
   }
   check(cudaMalloc(&t.data, n * 2), "cudaMalloc");
   check(cudaMemcpy(t.data, host.data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+  return t;
+}
+
+/// Positions 0, 1, ... as an i64 device tensor [n].
+TensorRef positionTensor(int64_t n) {
+  TensorRef t;
+  t.dtype = plan::I64;
+  t.shape = {n};
+  std::vector<int64_t> host(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    host[static_cast<size_t>(i)] = i;
+  check(cudaMalloc(&t.data, host.size() * 8), "cudaMalloc");
+  check(cudaMemcpy(t.data, host.data(), host.size() * 8, cudaMemcpyHostToDevice), "cudaMemcpy");
   return t;
 }
 
@@ -124,11 +145,8 @@ double timeMs(cudaStream_t stream, int warmup, int iters, const std::function<vo
   return ms[static_cast<size_t>(iters / 2)];
 }
 
-void setInt(google::protobuf::Map<std::string, plan::Attr> &attrs, const char *name, int64_t v) {
-  attrs[name].set_i(v);
-}
-void setInts(google::protobuf::Map<std::string, plan::Attr> &attrs, const char *name,
-             const std::vector<int64_t> &values) {
+void setInt(Attrs &attrs, const char *name, int64_t v) { attrs[name].set_i(v); }
+void setInts(Attrs &attrs, const char *name, const std::vector<int64_t> &values) {
   plan::Attr &a = attrs[name];
   a.mutable_ints()->clear_values();
   for (int64_t v : values)
@@ -142,200 +160,322 @@ void setGeneral(bool on) {
     unsetenv("MOEC_ATTENTION_GENERAL");
 }
 
+struct Options {
+  int iters = 20, warmup = 3;
+  bool general = false;
+};
+
+/// One kernel family on one shape: its launches (forward; backward with every
+/// gradient, with the query's only and with the keys' / values' only), built
+/// by the caller, then checked and timed here.
+struct Bench {
+  const char *kernel; // "attention" or "mla"
+  std::vector<TensorRef> inputs, gradOutputs[3];
+  TensorRef out, dO;
+  Attrs attrs, backAttrs[3];
+  std::vector<int64_t> wrt[3]; // every gradient, the query's, the keys' and values'
+  std::vector<const char *> gradNames;
+  int64_t tokens = 0, group = 1; // group: query heads per kv head (for the heads/block sweep)
+  double fwdFlops = 0;
+};
+
+void run(const KernelFn *fn, KernelContext &ctx) {
+  try {
+    (*fn)(ctx);
+  } catch (const KernelError &e) {
+    std::fprintf(stderr, "launch refused: %s\n", e.what());
+    std::exit(1);
+  }
+}
+
+void runBench(Bench &b, const Options &o, cudaStream_t stream) {
+  KernelRegistry registry;
+  moec::runtime::cuda::registerAttentionKernels(registry);
+  const std::string name = b.kernel;
+  const KernelFn *forward = registry.find(name), *backward = registry.find(name + ".backward");
+  auto context = [&](const std::string &kernel, const Attrs &a) {
+    KernelContext ctx;
+    ctx.kernel = kernel;
+    ctx.attrs = &a;
+    ctx.seqLen = b.tokens;
+    ctx.microBatch = 1;
+    ctx.stream = stream;
+    ctx.inputs = b.inputs;
+    return ctx;
+  };
+  KernelContext fwd = context(name, b.attrs);
+  fwd.outputs = {b.out};
+  KernelContext bwd[3];
+  for (int i = 0; i < 3; ++i) {
+    setInts(b.backAttrs[i], "grad_of_inputs", b.wrt[i]);
+    bwd[i] = context(name + ".backward", b.backAttrs[i]);
+    bwd[i].inputs.push_back(b.dO);
+    bwd[i].outputs = b.gradOutputs[i];
+  }
+  const double bwdFlops = 2.5 * b.fwdFlops;
+  auto report = [&](const std::string &what, double ms, double flops) {
+    if (flops > 0)
+      std::printf("  %-40s %9.3f ms  %7.1f TFLOP/s\n", what.c_str(), ms, flops / (ms * 1e-3) / 1e12);
+    else
+      std::printf("  %-40s %9.3f ms\n", what.c_str(), ms);
+  };
+
+  // Correctness at full size: the fast path against the general kernels.
+  std::vector<TensorRef> checked = {b.out};
+  for (const TensorRef &t : b.gradOutputs[0])
+    checked.push_back(t);
+  setGeneral(true);
+  run(forward, fwd);
+  run(backward, bwd[0]);
+  check(cudaStreamSynchronize(stream), "general run");
+  std::vector<std::vector<float>> ref;
+  for (const TensorRef &t : checked)
+    ref.push_back(download(t));
+  setGeneral(false);
+  run(forward, fwd);
+  run(backward, bwd[0]);
+  check(cudaStreamSynchronize(stream), "fast run");
+  std::printf("fast path vs general kernels (relative L2): out %.2e",
+              relativeDiff(download(b.out), ref[0]));
+  for (size_t i = 1; i < checked.size(); ++i)
+    std::printf(" %s %.2e", b.gradNames[i - 1], relativeDiff(download(checked[i]), ref[i]));
+  std::printf("\n");
+  // Deterministic: a second backward gives the same bits.
+  std::vector<std::vector<float>> first;
+  for (const TensorRef &t : b.gradOutputs[0])
+    first.push_back(download(t));
+  run(backward, bwd[0]);
+  check(cudaStreamSynchronize(stream), "fast run");
+  bool same = true;
+  for (size_t i = 0; i < first.size(); ++i)
+    same &= download(b.gradOutputs[0][i]) == first[i];
+  std::printf("backward run twice: %s\n", same ? "bitwise identical" : "DIFFERENT (not deterministic)");
+
+  std::printf("fast path (bf16 tensor cores), median of %d after %d warm-up:\n", o.iters, o.warmup);
+  auto time = [&](KernelContext &ctx, bool isForward) {
+    return timeMs(stream, o.warmup, o.iters, [&] { run(isForward ? forward : backward, ctx); });
+  };
+  report("forward", time(fwd, true), b.fwdFlops);
+  report("backward (every gradient)", time(bwd[0], false), bwdFlops);
+  report("backward (dq only)", time(bwd[1], false), 0.0);
+  report("backward (dk, dv only)", time(bwd[2], false), 0.0);
+  // The tile shapes of the query-tile kernels (Flash.cu: queries per warp x keys per tile;
+  // a shape that does not fit the head dims runs the default).
+  std::printf("tile shapes (MOEC_ATTENTION_FORWARD_TILES, MOEC_ATTENTION_DQ_TILES):\n");
+  for (const char *shape : {"16x64", "16x32", "32x32", "32x64"}) {
+    setenv("MOEC_ATTENTION_FORWARD_TILES", shape, 1);
+    report(std::string("forward ") + shape, time(fwd, true), b.fwdFlops);
+    unsetenv("MOEC_ATTENTION_FORWARD_TILES");
+  }
+  // Heads of a GQA group per dK/dV block (fewer: more blocks, f32 partial sums to add up).
+  for (int64_t perBlock : {1, 2, 4, 8}) {
+    if (b.group % perBlock != 0)
+      continue;
+    setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", std::to_string(perBlock).c_str(), 1);
+    report("backward (dk, dv only), heads/block " + std::to_string(perBlock), time(bwd[2], false), 0.0);
+    unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
+  }
+  for (const char *shape : {"16x64", "16x32", "32x32", "32x64"}) {
+    setenv("MOEC_ATTENTION_DQ_TILES", shape, 1);
+    report(std::string("backward (dq only), dq ") + shape, time(bwd[1], false), 0.0);
+    unsetenv("MOEC_ATTENTION_DQ_TILES");
+  }
+  if (o.general) {
+    setGeneral(true);
+    std::printf("general kernels (MOEC_ATTENTION_GENERAL=1), median of 3 after 1:\n");
+    report("forward", timeMs(stream, 1, 3, [&] { run(forward, fwd); }), b.fwdFlops);
+    report("backward (every gradient)", timeMs(stream, 1, 3, [&] { run(backward, bwd[0]); }), bwdFlops);
+    setGeneral(false);
+  }
+  check(cudaStreamSynchronize(stream), "bench");
+}
+
+void freeAll(const Bench &b) {
+  std::vector<void *> seen;
+  auto free = [&](const TensorRef &t) {
+    if (t.data && std::find(seen.begin(), seen.end(), t.data) == seen.end()) {
+      seen.push_back(t.data);
+      cudaFree(t.data);
+    }
+  };
+  for (const TensorRef &t : b.inputs)
+    free(t);
+  for (const auto &outputs : b.gradOutputs)
+    for (const TensorRef &t : outputs)
+      free(t);
+  free(b.out);
+  free(b.dO);
+}
+
+struct AttentionShape {
+  int64_t tokens, heads, kvHeads, dim, valueDim, window;
+  bool sinks;
+};
+
+void benchAttention(const AttentionShape &s, const Options &o, cudaStream_t stream) {
+  std::printf("\nattention: T=%lld H=%lld KV=%lld d=%lld dv=%lld causal%s%s, bf16\n",
+              static_cast<long long>(s.tokens), static_cast<long long>(s.heads),
+              static_cast<long long>(s.kvHeads), static_cast<long long>(s.dim),
+              static_cast<long long>(s.valueDim),
+              s.window > 0 ? (", window " + std::to_string(s.window)).c_str() : "", s.sinks ? ", sinks" : "");
+  Bench b;
+  b.kernel = "attention";
+  b.tokens = s.tokens;
+  b.group = s.heads / s.kvHeads;
+  setInt(b.attrs, "num_heads", s.heads);
+  setInt(b.attrs, "num_kv_heads", s.kvHeads);
+  setInt(b.attrs, "head_dim", s.dim);
+  b.attrs["scale"].set_f(1.0 / std::sqrt(static_cast<double>(s.dim)));
+  if (s.window > 0)
+    setInt(b.attrs, "sliding_window", s.window);
+  const int64_t T = s.tokens, H = s.heads, KV = s.kvHeads, d = s.dim, dv = s.valueDim;
+  b.inputs = {bf16Tensor(T, H * d, 1, 1.0f), bf16Tensor(T, KV * d, 2, 1.0f), bf16Tensor(T, KV * dv, 3, 1.0f)};
+  TensorRef sinks = bf16Tensor(1, H, 5, 1.0f), dSinks = bf16Tensor(1, H, 0, 0);
+  sinks.shape = dSinks.shape = {H};
+  if (s.sinks)
+    b.inputs.push_back(sinks);
+  b.dO = bf16Tensor(T, H * dv, 4, 1.0f);
+  b.out = bf16Tensor(T, H * dv, 0, 0);
+  const TensorRef dq = bf16Tensor(T, H * d, 0, 0), dk = bf16Tensor(T, KV * d, 0, 0),
+                  dV = bf16Tensor(T, KV * dv, 0, 0);
+  const int64_t operands = s.sinks ? 4 : 3;
+  for (Attrs &a : b.backAttrs) {
+    a = b.attrs;
+    setInts(a, "grad_of_outputs", {0});
+    setInts(a, "backward_segments", {operands, 0, 1});
+  }
+  b.wrt[0] = {0, 1, 2};
+  b.gradOutputs[0] = {dq, dk, dV};
+  b.gradNames = {"dq", "dk", "dv"};
+  if (s.sinks) {
+    b.wrt[0].push_back(3);
+    b.gradOutputs[0].push_back(dSinks);
+    b.gradNames.push_back("dsinks");
+  }
+  b.wrt[1] = {0};
+  b.gradOutputs[1] = {dq};
+  b.wrt[2] = {1, 2};
+  b.gradOutputs[2] = {dk, dV};
+  b.fwdFlops = 2.0 * T * T * (d + dv) * H / 2;
+  runBench(b, o, stream);
+  if (!s.sinks) {
+    cudaFree(sinks.data);
+    cudaFree(dSinks.data);
+  }
+  freeAll(b);
+}
+
+struct MlaShape {
+  int64_t tokens, heads, nope, rope, valueDim;
+};
+
+void benchMla(const MlaShape &s, const Options &o, cudaStream_t stream) {
+  std::printf("\nmla: T=%lld H=%lld nope=%lld rope=%lld (interleaved RoPE) v=%lld causal, bf16\n",
+              static_cast<long long>(s.tokens), static_cast<long long>(s.heads),
+              static_cast<long long>(s.nope), static_cast<long long>(s.rope),
+              static_cast<long long>(s.valueDim));
+  Bench b;
+  b.kernel = "mla";
+  b.tokens = s.tokens;
+  const int64_t T = s.tokens, H = s.heads, qk = s.nope + s.rope, kvw = s.nope + s.valueDim;
+  setInt(b.attrs, "num_heads", H);
+  setInt(b.attrs, "qk_nope_head_dim", s.nope);
+  setInt(b.attrs, "qk_rope_head_dim", s.rope);
+  setInt(b.attrs, "v_head_dim", s.valueDim);
+  b.attrs["scale"].set_f(1.0 / std::sqrt(static_cast<double>(qk)));
+  b.attrs["rope.theta"].set_f(10000.0);
+  setInt(b.attrs, "rope.dim", s.rope);
+  b.attrs["rope.style"].set_s("interleaved");
+  b.inputs = {bf16Tensor(T, H * qk, 1, 1.0f), bf16Tensor(T, s.rope, 2, 1.0f), bf16Tensor(T, H * kvw, 3, 1.0f),
+              positionTensor(T)};
+  b.dO = bf16Tensor(T, H * s.valueDim, 4, 1.0f);
+  b.out = bf16Tensor(T, H * s.valueDim, 0, 0);
+  const TensorRef dq = bf16Tensor(T, H * qk, 0, 0), dkr = bf16Tensor(T, s.rope, 0, 0),
+                  dkv = bf16Tensor(T, H * kvw, 0, 0);
+  for (Attrs &a : b.backAttrs) {
+    a = b.attrs;
+    setInts(a, "grad_of_outputs", {0});
+    setInts(a, "backward_segments", {4, 0, 1});
+  }
+  b.wrt[0] = {0, 1, 2};
+  b.gradOutputs[0] = {dq, dkr, dkv};
+  b.gradNames = {"dq", "dk_rope", "dkv"};
+  b.wrt[1] = {0};
+  b.gradOutputs[1] = {dq};
+  b.wrt[2] = {1, 2};
+  b.gradOutputs[2] = {dkr, dkv};
+  b.fwdFlops = 2.0 * T * T * (qk + s.valueDim) * H / 2;
+  runBench(b, o, stream);
+  freeAll(b);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
-  int64_t tokens = 4096, heads = 32, kvHeads = 4, dim = 128, window = 0;
-  int iters = 20, warmup = 3;
-  bool general = false, sinks = false;
+  AttentionShape custom{4096, 32, 4, 128, 0, 0, false};
+  bool customShape = false;
+  std::string shape = "all";
+  Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> int64_t {
+    auto value = [&]() -> std::string {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "%s needs a value\n", a.c_str());
         std::exit(2);
       }
-      return std::atoll(argv[++i]);
+      return argv[++i];
     };
-    if (a == "--tokens")
-      tokens = next();
+    auto next = [&]() -> int64_t { return std::atoll(value().c_str()); };
+    if (a == "--shape")
+      shape = value();
+    else if (a == "--tokens")
+      custom.tokens = next(), customShape = true;
     else if (a == "--heads")
-      heads = next();
+      custom.heads = next(), customShape = true;
     else if (a == "--kv-heads")
-      kvHeads = next();
+      custom.kvHeads = next(), customShape = true;
     else if (a == "--dim")
-      dim = next();
+      custom.dim = next(), customShape = true;
+    else if (a == "--value-dim")
+      custom.valueDim = next(), customShape = true;
     else if (a == "--window")
-      window = next();
-    else if (a == "--iters")
-      iters = static_cast<int>(next());
-    else if (a == "--warmup")
-      warmup = static_cast<int>(next());
-    else if (a == "--general")
-      general = true;
+      custom.window = next(), customShape = true;
     else if (a == "--sinks")
-      sinks = true;
+      custom.sinks = true, customShape = true;
+    else if (a == "--iters")
+      o.iters = static_cast<int>(next());
+    else if (a == "--warmup")
+      o.warmup = static_cast<int>(next());
+    else if (a == "--general")
+      o.general = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
   }
+  if (shape != "all" && shape != "qwen3-30b" && shape != "qwen3-next" && shape != "mla") {
+    std::fprintf(stderr, "unknown shape %s (qwen3-30b, qwen3-next, mla)\n", shape.c_str());
+    return 2;
+  }
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   cudaDeviceProp prop;
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  std::printf("attention_bench on %s: T=%lld H=%lld KV=%lld d=%lld causal%s%s, bf16\n", prop.name,
-              static_cast<long long>(tokens), static_cast<long long>(heads),
-              static_cast<long long>(kvHeads), static_cast<long long>(dim),
-              window > 0 ? (", window " + std::to_string(window)).c_str() : "", sinks ? ", sinks" : "");
-
-  KernelRegistry registry;
-  moec::runtime::cuda::registerAttentionKernels(registry);
-  google::protobuf::Map<std::string, plan::Attr> attrs;
-  setInt(attrs, "num_heads", heads);
-  setInt(attrs, "num_kv_heads", kvHeads);
-  setInt(attrs, "head_dim", dim);
-  attrs["scale"].set_f(1.0 / std::sqrt(static_cast<double>(dim)));
-  if (window > 0)
-    setInt(attrs, "sliding_window", window);
-  google::protobuf::Map<std::string, plan::Attr> backAttrs = attrs;
-  const int64_t operands = sinks ? 4 : 3;
-  setInts(backAttrs, "grad_of_outputs", {0});
-  setInts(backAttrs, "backward_segments", {operands, 0, 1});
-
-  TensorRef q = bf16Tensor(tokens, heads * dim, 1, 1.0f), k = bf16Tensor(tokens, kvHeads * dim, 2, 1.0f),
-            v = bf16Tensor(tokens, kvHeads * dim, 3, 1.0f), dO = bf16Tensor(tokens, heads * dim, 4, 1.0f),
-            s = bf16Tensor(1, heads, 5, 1.0f);
-  s.shape = {heads};
-  TensorRef out = bf16Tensor(tokens, heads * dim, 0, 0), dq = bf16Tensor(tokens, heads * dim, 0, 0),
-            dk = bf16Tensor(tokens, kvHeads * dim, 0, 0), dv = bf16Tensor(tokens, kvHeads * dim, 0, 0),
-            ds = bf16Tensor(1, heads, 0, 0);
-  ds.shape = {heads};
-
+  std::printf("attention_bench on %s\n", prop.name);
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  auto context = [&](const char *kernel, const google::protobuf::Map<std::string, plan::Attr> &a) {
-    KernelContext ctx;
-    ctx.kernel = kernel;
-    ctx.attrs = &a;
-    ctx.seqLen = tokens;
-    ctx.microBatch = 1;
-    ctx.stream = stream;
-    ctx.inputs = {q, k, v};
-    if (sinks)
-      ctx.inputs.push_back(s);
-    return ctx;
-  };
-  KernelContext fwd = context("attention", attrs);
-  fwd.outputs = {out};
-  // Backward variants: every gradient, dQ only, dK and dV only.
-  google::protobuf::Map<std::string, plan::Attr> allAttrs = backAttrs, dqAttrs = backAttrs,
-                                                  kvAttrs = backAttrs;
-  std::vector<int64_t> all = {0, 1, 2};
-  if (sinks)
-    all.push_back(3);
-  setInts(allAttrs, "grad_of_inputs", all);
-  setInts(dqAttrs, "grad_of_inputs", {0});
-  setInts(kvAttrs, "grad_of_inputs", {1, 2});
-  KernelContext bwd = context("attention.backward", allAttrs), bwdDq = context("attention.backward", dqAttrs),
-                bwdKv = context("attention.backward", kvAttrs);
-  for (KernelContext *c : {&bwd, &bwdDq, &bwdKv})
-    c->inputs.push_back(dO);
-  bwd.outputs = {dq, dk, dv};
-  if (sinks)
-    bwd.outputs.push_back(ds);
-  bwdDq.outputs = {dq};
-  bwdKv.outputs = {dk, dv};
-
-  const moec::runtime::KernelFn *forward = registry.find("attention"),
-                                *backward = registry.find("attention.backward");
-  auto run = [&](const moec::runtime::KernelFn *fn, KernelContext &ctx) {
-    try {
-      (*fn)(ctx);
-    } catch (const KernelError &e) {
-      std::fprintf(stderr, "launch refused: %s\n", e.what());
-      std::exit(1);
-    }
-  };
-
-  const double fwdFlops = 4.0 * tokens * tokens * dim * heads / 2, bwdFlops = 2.5 * fwdFlops;
-  auto report = [&](const char *what, double ms, double flops) {
-    if (flops > 0)
-      std::printf("  %-38s %9.3f ms  %7.1f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);
-    else
-      std::printf("  %-38s %9.3f ms\n", what, ms);
-  };
-
-  // Correctness at full size: the fast path against the general kernels.
-  setGeneral(true);
-  run(forward, fwd);
-  run(backward, bwd);
-  check(cudaStreamSynchronize(stream), "general run");
-  std::vector<std::vector<float>> ref;
-  for (const TensorRef &t : {out, dq, dk, dv})
-    ref.push_back(download(t));
-  setGeneral(false);
-  run(forward, fwd);
-  run(backward, bwd);
-  check(cudaStreamSynchronize(stream), "fast run");
-  const char *names[] = {"out", "dq", "dk", "dv"};
-  std::printf("fast path vs general kernels (relative L2):");
-  int i = 0;
-  for (const TensorRef &t : {out, dq, dk, dv}) {
-    std::printf(" %s %.2e", names[i], relativeDiff(download(t), ref[static_cast<size_t>(i)]));
-    ++i;
+  if (customShape) {
+    if (custom.valueDim <= 0)
+      custom.valueDim = custom.dim;
+    benchAttention(custom, o, stream);
+  } else {
+    if (shape == "all" || shape == "qwen3-30b")
+      benchAttention({4096, 32, 4, 128, 128, 0, false}, o, stream);
+    if (shape == "all" || shape == "qwen3-next")
+      benchAttention({4096, 16, 2, 256, 256, 0, false}, o, stream);
+    if (shape == "all" || shape == "mla")
+      benchMla({4096, 128, 128, 64, 128}, o, stream);
   }
-  std::printf("\n");
-  // Deterministic: a second backward gives the same bits.
-  std::vector<std::vector<float>> first;
-  for (const TensorRef &t : {dq, dk, dv})
-    first.push_back(download(t));
-  run(backward, bwd);
-  check(cudaStreamSynchronize(stream), "fast run");
-  bool same = true;
-  i = 0;
-  for (const TensorRef &t : {dq, dk, dv})
-    same &= download(t) == first[static_cast<size_t>(i++)];
-  std::printf("backward run twice: %s\n", same ? "bitwise identical" : "DIFFERENT (not deterministic)");
-
-  std::printf("fast path (bf16 tensor cores), median of %d after %d warm-up:\n", iters, warmup);
-  report("forward", timeMs(stream, warmup, iters, [&] { run(forward, fwd); }), fwdFlops);
-  report("backward (dq, dk, dv)", timeMs(stream, warmup, iters, [&] { run(backward, bwd); }), bwdFlops);
-  report("backward (dq only)", timeMs(stream, warmup, iters, [&] { run(backward, bwdDq); }), 0.0);
-  report("backward (dk, dv only)", timeMs(stream, warmup, iters, [&] { run(backward, bwdKv); }), 0.0);
-  // The tile shapes of the query-tile kernels (Flash.cu: queries per warp x keys per tile).
-  std::printf("tile shapes (MOEC_ATTENTION_FORWARD_TILES, MOEC_ATTENTION_DQ_TILES):\n");
-  for (const char *shape : {"16x64", "32x32", "32x64"}) {
-    setenv("MOEC_ATTENTION_FORWARD_TILES", shape, 1);
-    report((std::string("forward ") + shape).c_str(),
-           timeMs(stream, warmup, iters, [&] { run(forward, fwd); }), fwdFlops);
-    unsetenv("MOEC_ATTENTION_FORWARD_TILES");
-  }
-  // Heads of a GQA group per dK/dV block (fewer: more blocks, f32 partial sums to add up).
-  for (const char *perBlock : {"1", "2", "4", "8"}) {
-    if ((heads / kvHeads) % std::atoll(perBlock) != 0)
-      continue;
-    setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", perBlock, 1);
-    report((std::string("backward (dk, dv only), heads/block ") + perBlock).c_str(),
-           timeMs(stream, warmup, iters, [&] { run(backward, bwdKv); }), 0.0);
-    unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
-  }
-  for (const char *shape : {"16x64", "32x32", "32x64"}) {
-    setenv("MOEC_ATTENTION_DQ_TILES", shape, 1);
-    report((std::string("backward (dq only), dq ") + shape).c_str(),
-           timeMs(stream, warmup, iters, [&] { run(backward, bwdDq); }), 0.0);
-    unsetenv("MOEC_ATTENTION_DQ_TILES");
-  }
-  if (general) {
-    setGeneral(true);
-    std::printf("general kernels (MOEC_ATTENTION_GENERAL=1), median of 3 after 1:\n");
-    report("forward", timeMs(stream, 1, 3, [&] { run(forward, fwd); }), fwdFlops);
-    report("backward (dq, dk, dv)", timeMs(stream, 1, 3, [&] { run(backward, bwd); }), bwdFlops);
-    setGeneral(false);
-  }
-  check(cudaStreamSynchronize(stream), "bench");
-  for (const TensorRef &t : {q, k, v, dO, s, out, dq, dk, dv, ds})
-    cudaFree(t.data);
   cudaStreamDestroy(stream);
   return 0;
 }
