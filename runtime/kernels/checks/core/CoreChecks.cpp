@@ -142,4 +142,13 @@ const TensorRef *BackwardLaunch::operandGrad(int64_t operand) const {
   return nullptr;
 }
 
+AdamWConstants adamwLaunch(const KernelContext &ctx) {
+  const TensorRef &grad = ctx.in(0), &param = ctx.out(0), &m = ctx.out(1), &v = ctx.out(2);
+  expectSameShape(ctx, grad, "grad", param, "param");
+  expectSameShape(ctx, m, "adam_m", param, "param");
+  expectSameShape(ctx, v, "adam_v", param, "param");
+  return adamwConstants(ctx.attrFloat("lr"), ctx.attrInt("step"), ctx.attrFloat("beta1"), ctx.attrFloat("beta2"),
+                        ctx.attrFloat("eps"), ctx.attrFloat("weight_decay"), ctx.attrFloat("grad_scale"));
+}
+
 } // namespace moec::runtime::checks::core

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/kernels/checks/core/AdamW.h"
 
 namespace moec::runtime::checks::core {
 
@@ -76,6 +77,10 @@ private:
   size_t operands = 0, results = 0;
   std::vector<int64_t> gradOfOutputs, gradOfInputs;
 };
+
+/// adamw: grad in; param, adam_m, adam_v out (updated in place), all of one shape; returns
+/// the step's constants from the launch's attributes.
+AdamWConstants adamwLaunch(const KernelContext &ctx);
 
 } // namespace moec::runtime::checks::core
 

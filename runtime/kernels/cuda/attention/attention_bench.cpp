@@ -39,6 +39,7 @@
 
 #include "runtime/kernels/Kernel.h"
 #include "runtime/kernels/cuda/CudaKernels.h"
+#include "runtime/kernels/testing/CudaBench.h"
 
 namespace {
 
@@ -49,27 +50,10 @@ using moec::runtime::KernelRegistry;
 using moec::runtime::TensorRef;
 namespace plan = moec::plan;
 using Attrs = google::protobuf::Map<std::string, plan::Attr>;
-
-void check(cudaError_t error, const char *what) {
-  if (error != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
-    std::exit(1);
-  }
-}
-
-uint16_t toBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float fromBf16(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using moec::runtime::bench::check;
+using moec::runtime::bench::fromBf16;
+using moec::runtime::bench::medianMs;
+using moec::runtime::bench::toBf16;
 
 /// A bf16 device tensor [rows, cols], uniform in [-scale, scale) (or zero).
 TensorRef bf16Tensor(int64_t rows, int64_t cols, uint64_t seed, float scale) {
@@ -121,28 +105,6 @@ double relativeDiff(const std::vector<float> &a, const std::vector<float> &b) {
     norm += static_cast<double>(b[i]) * b[i];
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
-/// Median milliseconds of `iters` runs of fn after `warmup` runs.
-double timeMs(cudaStream_t stream, int warmup, int iters, const std::function<void()> &fn) {
-  for (int i = 0; i < warmup; ++i)
-    fn();
-  check(cudaStreamSynchronize(stream), "warm-up");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(start, stream);
-    fn();
-    cudaEventRecord(stop, stream);
-    check(cudaEventSynchronize(stop), "timed run");
-    cudaEventElapsedTime(&ms[static_cast<size_t>(i)], start, stop);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[static_cast<size_t>(iters / 2)];
 }
 
 void setInt(Attrs &attrs, const char *name, int64_t v) { attrs[name].set_i(v); }
@@ -253,7 +215,7 @@ void runBench(Bench &b, const Options &o, cudaStream_t stream) {
 
   std::printf("fast path (bf16 tensor cores), median of %d after %d warm-up:\n", o.iters, o.warmup);
   auto time = [&](KernelContext &ctx, bool isForward) {
-    return timeMs(stream, o.warmup, o.iters, [&] { run(isForward ? forward : backward, ctx); });
+    return medianMs(stream, o.warmup, o.iters, [&] { run(isForward ? forward : backward, ctx); });
   };
   report("forward", time(fwd, true), b.fwdFlops);
   report("backward (every gradient)", time(bwd[0], false), bwdFlops);
@@ -283,8 +245,8 @@ void runBench(Bench &b, const Options &o, cudaStream_t stream) {
   if (o.general) {
     setGeneral(true);
     std::printf("general kernels (MOEC_ATTENTION_GENERAL=1), median of 3 after 1:\n");
-    report("forward", timeMs(stream, 1, 3, [&] { run(forward, fwd); }), b.fwdFlops);
-    report("backward (every gradient)", timeMs(stream, 1, 3, [&] { run(backward, bwd[0]); }), bwdFlops);
+    report("forward", medianMs(stream, 1, 3, [&] { run(forward, fwd); }), b.fwdFlops);
+    report("backward (every gradient)", medianMs(stream, 1, 3, [&] { run(backward, bwd[0]); }), bwdFlops);
     setGeneral(false);
   }
   check(cudaStreamSynchronize(stream), "bench");

@@ -51,13 +51,8 @@ void sumSquares(KernelContext &ctx) {
 }
 
 void adamw(KernelContext &ctx) {
+  AdamWConstants c = checks::core::adamwLaunch(ctx);
   const TensorRef &grad = ctx.in(0), &param = ctx.out(0), &m = ctx.out(1), &v = ctx.out(2);
-  expectSameShape(ctx, grad, "grad", param, "param");
-  expectSameShape(ctx, m, "adam_m", param, "param");
-  expectSameShape(ctx, v, "adam_v", param, "param");
-  AdamWConstants c = adamwConstants(ctx.attrFloat("lr"), ctx.attrInt("step"), ctx.attrFloat("beta1"),
-                                    ctx.attrFloat("beta2"), ctx.attrFloat("eps"),
-                                    ctx.attrFloat("weight_decay"), ctx.attrFloat("grad_scale"));
   int64_t n = param.numel();
   if (n == 0)
     return;
