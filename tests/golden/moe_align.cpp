@@ -1,6 +1,7 @@
 //===- moe_align.cpp - MoEC against the Hugging Face golden references ----===//
 //
-//   moe-align DIR [--backend cpu|cuda] [--dtype float32|bfloat16] [--golden FILE] [--plan PLAN]
+//   moe-align DIR [--backend cpu|cuda] [--dtype float32|bfloat16] [--golden FILE]
+//             [--plan PLAN [--base-plan UNFUSED_PLAN]]
 //             [--cpu-threads N] [--dump FILE]
 //
 // DIR holds config.json, model.safetensors, adapter/ and golden.safetensors
@@ -27,7 +28,7 @@
 // never writes the [tokens, vocab] logits, so there would be none to compare.
 // The adapter runs use the default, fused plan: its loss and gradients are
 // what training computes. With --plan, every run uses that plan (a fused one
-// has no logits line).
+// has no logits line) unless --base-plan gives the base run its own (unfused).
 //
 //===----------------------------------------------------------------------===//
 
@@ -132,7 +133,8 @@ std::string withoutDefault(std::string name) {
 
 int main(int argc, char **argv) {
   Args args(argc, argv, 1);
-  std::string planPath = args.get("plan"), backend = args.get("backend", "cpu"),
+  std::string planPath = args.get("plan"), basePlanPath = args.get("base-plan"),
+              backend = args.get("backend", "cpu"),
               dtype = args.get("dtype", "float32"), dumpPath = args.get("dump"),
               goldenPath = args.get("golden");
   int64_t cpuThreads = 0;
@@ -141,9 +143,11 @@ int main(int argc, char **argv) {
     return fail(error);
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
+  if (!basePlanPath.empty() && planPath.empty())
+    return fail("--base-plan goes with --plan (without --plan, moe-align compiles both)");
   if (args.positional.size() != 1)
     return fail("usage: moe-align DIR [--backend cpu|cuda] [--dtype float32|bfloat16] [--golden FILE] "
-                "[--plan PLAN] [--cpu-threads N] [--dump FILE]");
+                "[--plan PLAN [--base-plan UNFUSED_PLAN]] [--cpu-threads N] [--dump FILE]");
   std::string dir = args.positional[0];
   if (dtype != "float32" && dtype != "bfloat16")
     return fail("--dtype must be float32 or bfloat16, got '" + dtype + "'");
@@ -177,7 +181,7 @@ int main(int argc, char **argv) {
   }
   auto compile = [&](bool fuse) -> absl::StatusOr<plan::Plan> {
     if (!planPath.empty())
-      return plan::loadPlan(planPath);
+      return plan::loadPlan(fuse ? planPath : basePlanPath);
     std::string planFile = tempDir + (fuse ? "/fused.moeplan" : "/unfused.moeplan");
     std::vector<std::string> moecArgs = {dir + "/config.json", "--adapter", dir + "/adapter", "--seq-len",
                                          std::to_string(seq), "--micro-batch", std::to_string(batch), "--lr",
@@ -192,10 +196,10 @@ int main(int argc, char **argv) {
   };
   std::vector<absl::StatusOr<plan::Plan>> plans;
   plans.push_back(compile(/*fuse=*/true));
-  if (planPath.empty()) {
+  if (planPath.empty() || !basePlanPath.empty())
     plans.push_back(compile(/*fuse=*/false));
+  if (planPath.empty())
     std::filesystem::remove_all(tempDir);
-  }
   for (absl::StatusOr<plan::Plan> &plan : plans) {
     if (!plan.ok())
       return fail(std::string(plan.status().message()));

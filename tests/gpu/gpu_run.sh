@@ -42,11 +42,16 @@ if [ "${1:-}" = pack ]; then
     cp -L "$lib" "$pack/lib/"
   done
   cp -rL "$golden" "$pack/golden"
+  # Two plans per family and dtype, as moe-align makes them itself: the default (LM head fused
+  # with the loss) for training, an unfused one (--base-plan) for hidden states and logits.
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
-        --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
-        --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.moeplan" 2>/dev/null
+      for fuse in fused unfused; do
+        extra=(); [ "$fuse" = unfused ] && extra=(--no-fuse)
+        "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
+          --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
+          --weight-decay 0 --dtype "$dtype" "${extra[@]}" -o "$pack/plans/$f.$dtype.$fuse.moeplan" 2>/dev/null
+      done
     done
   done
   # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
@@ -99,7 +104,8 @@ for f in "${families[@]}"; do
   for dtype in float32 bfloat16; do
     reference=(); [ "$dtype" = bfloat16 ] && reference=(--golden "tests/golden/bf16/$f.safetensors")
     if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype "$dtype" "${reference[@]}" \
-      --plan "$pack/plans/$f.$dtype.moeplan" >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
+      --plan "$pack/plans/$f.$dtype.fused.moeplan" --base-plan "$pack/plans/$f.$dtype.unfused.moeplan" \
+      >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
     { echo "===== moe-align $f $dtype ($status)"; cat "$out/one.log"; } >>"$out/align.log"
     summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype $dtype" "$status" "$(tail -1 "$out/one.log")")")
   done
@@ -116,7 +122,7 @@ done
 rm -f "$out/one.log"
 # PEFT loads what moe-run writes: train the golden qwen3_moe 3 steps on the GPU, then compare
 # transformers + PEFT's loss with moe-run's on the first batch.
-golden="$pack/golden/qwen3_moe"; plan="$pack/plans/qwen3_moe.float32.moeplan"
+golden="$pack/golden/qwen3_moe"; plan="$pack/plans/qwen3_moe.float32.fused.moeplan"
 {
   "$pack/bin/moe-run" train --backend cuda --plan "$plan" --model "$golden" --data "$pack/train.jsonl" \
     --out "$pack/runs/peft" --steps 3 &&
