@@ -142,6 +142,19 @@ const TensorRef *BackwardLaunch::operandGrad(int64_t operand) const {
   return nullptr;
 }
 
+const TensorRef &lmHeadLossLogsumexp(const KernelContext &ctx, const BackwardLaunch &launch, int64_t rows) {
+  if (launch.numResults() != 2)
+    ctx.fail("the backward needs the forward's results (loss, logsumexp): backward_segments "
+             "must list 2 results");
+  if (launch.resultGrad(1))
+    ctx.fail("the logsumexp result takes no gradient");
+  const TensorRef &lse = ctx.in(launch.numOperands() + 1);
+  ctx.expectShape(lse, "logsumexp", {rows});
+  if (lse.dtype != plan::F32)
+    ctx.fail(std::string("logsumexp must be f32, got ") + plan::dtypeName(lse.dtype));
+  return lse;
+}
+
 AdamWConstants adamwLaunch(const KernelContext &ctx) {
   const TensorRef &grad = ctx.in(0), &param = ctx.out(0), &m = ctx.out(1), &v = ctx.out(2);
   expectSameShape(ctx, grad, "grad", param, "param");

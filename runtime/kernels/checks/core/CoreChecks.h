@@ -78,6 +78,10 @@ private:
   std::vector<int64_t> gradOfOutputs, gradOfInputs;
 };
 
+/// lm_head_cross_entropy's backward: the forward's two results (loss, logsumexp), no gradient
+/// for the logsumexp, which must be f32 [rows]; returns it.
+const TensorRef &lmHeadLossLogsumexp(const KernelContext &ctx, const BackwardLaunch &launch, int64_t rows);
+
 /// adamw: grad in; param, adam_m, adam_v out (updated in place), all of one shape; returns
 /// the step's constants from the launch's attributes.
 AdamWConstants adamwLaunch(const KernelContext &ctx);

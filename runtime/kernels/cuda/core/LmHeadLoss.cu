@@ -148,16 +148,7 @@ void lmHeadCrossEntropyBackward(KernelContext &ctx) {
   BackwardLaunch launch(ctx, 2, {0, 1});
   LmHeadLossArgs a(ctx);
   const int64_t rows = a.s.rows, vocab = a.s.vocab, hidden = a.s.hidden;
-  if (launch.numResults() != 2)
-    ctx.fail("the backward needs the forward's results (loss, logsumexp): backward_segments "
-             "must list 2 results");
-  if (launch.resultGrad(1))
-    ctx.fail("the logsumexp result takes no gradient");
-  const TensorRef &lseRef = ctx.in(launch.numOperands() + 1);
-  ctx.expectShape(lseRef, "logsumexp", {rows});
-  if (lseRef.dtype != plan::F32)
-    ctx.fail(std::string("logsumexp must be f32, got ") + plan::dtypeName(lseRef.dtype));
-  const float *lse = static_cast<const float *>(lseRef.data);
+  const float *lse = checks::core::lmHeadLossLogsumexp(ctx, launch, rows).f32();
   FloatIn dloss = floatIn(ctx, launch.resultGrad0({}), "the result gradient");
   const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1);
   if (!dxRef && !dwRef)
