@@ -1,11 +1,10 @@
-//===- Optimizer.cpp - AdamW, the learning-rate schedule, clipping --------===//
+//===- Optimizer.cpp - the learning-rate schedule, clipping ----------------===//
 
 #include "runtime/train/Optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/kernels/checks/core/AdamW.h"
 
 namespace moec::runtime {
 
@@ -21,21 +20,6 @@ double learningRate(const plan::Optimizer &o, int64_t step) {
   progress = std::min(progress, 1.0);
   double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
   return o.lr() * (o.min_lr_ratio() + (1.0 - o.min_lr_ratio()) * cosine);
-}
-
-void adamwUpdate(const plan::Optimizer &o, double lr, int64_t step, float *param, const float *grad,
-                 float *m, float *v, int64_t n) {
-  AdamWConstants c = adamwConstants(lr, step, o.beta1(), o.beta2(), o.eps(), o.weight_decay(), 1.0);
-  for (int64_t i = 0; i < n; ++i)
-    adamwElement(c, param[i], grad[i], m[i], v[i]);
-}
-
-double globalNorm(const std::vector<std::pair<const float *, int64_t>> &grads) {
-  double sum = 0;
-  for (auto [data, n] : grads)
-    for (int64_t i = 0; i < n; ++i)
-      sum += static_cast<double>(data[i]) * data[i];
-  return std::sqrt(sum);
 }
 
 double clipFactor(double norm, double maxNorm) {
