@@ -2,7 +2,8 @@
 # The main job on bundled data: compile the bundled tiny MoE (models/tiny-qwen3-moe), give it
 # random weights, fine-tune LoRA adapters on its synthetic task (train.jsonl: a fixed cycle
 # through 32 tokens, which the adapters learn), write the PEFT adapter, and compare the loss
-# before and after; then compile every bundled config to a plan. Runs on the CPU backend.
+# before and after; then compile every bundled config to a plan. Runs on the GPU when there is
+# one (moe-run --backend auto), else on the CPU.
 # Run through `bazel run //compiler/tools:demo`; writes to out/ in the source tree.
 set -euo pipefail
 moec="$PWD/$1"
@@ -24,11 +25,11 @@ echo; echo "=== 2. a random base model"
 
 echo; echo "=== 3. fine-tune 300 steps on $tiny/train.jsonl"
 "$moe_run" forward --plan "$out/plan.moeplan" --model "$out/model" --data "$tiny/train.jsonl" \
-  --batches 8 --threads "$threads" | sed 's/^/before: /'
+  --batches 8 --threads "$threads" --backend auto | sed 's/^/before: /'
 "$moe_run" train --plan "$out/plan.moeplan" --model "$out/model" --data "$tiny/train.jsonl" \
-  --out "$out/run" --steps 300 --log-every 50 --threads "$threads"
+  --out "$out/run" --steps 300 --log-every 50 --threads "$threads" --backend auto
 "$moe_run" forward --plan "$out/plan.moeplan" --model "$out/model" --data "$tiny/train.jsonl" \
-  --adapter "$out/run/adapter" --batches 8 --threads "$threads" | sed 's/^/after (adapter reloaded): /'
+  --adapter "$out/run/adapter" --batches 8 --threads "$threads" --backend auto | sed 's/^/after (adapter reloaded): /'
 
 echo; echo "=== 4. every bundled model compiles to a plan (all-linear LoRA r=8, 4096 tokens)"
 mkdir -p "$out/plans"

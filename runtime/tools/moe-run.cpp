@@ -2,12 +2,12 @@
 //
 //   moe-run train --plan P (--model DIR | --random-weights SEED) --data FILE [--out DIR] [--steps N] [--adapter DIR]
 //                 [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]
-//                 [--backend cpu|cuda]
+//                 [--backend cpu|cuda|auto]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
 //   moe-run bench --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]
 //   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
 //
-// Runs plans that `moec compile` wrote, on the CPU backend. Never links MLIR:
+// Runs plans that `moec compile` wrote, on the CPU or a GPU. Never links MLIR:
 // `init` without --plan asks moec (next to this binary, or $MOEC) for one.
 //
 //===----------------------------------------------------------------------===//
@@ -73,13 +73,25 @@ int64_t vocabularySize(const moec::plan::Plan &plan) {
   return 0;
 }
 
-/// The backend a run executes on.
+/// The backend a run executes on; `auto` takes the GPU when there is one and says which it took.
 absl::StatusOr<std::unique_ptr<Device>> openDevice(const std::string &backend, int threads) {
   if (backend == "cpu")
     return makeCpuDevice(threads);
   if (backend == "cuda")
     return cuda::makeCudaDevice(0);
-  return absl::InvalidArgumentError("--backend must be cpu or cuda, got '" + backend + "'");
+  if (backend == "auto") {
+    absl::StatusOr<std::unique_ptr<Device>> gpu = cuda::makeCudaDevice(0);
+    if (gpu.ok()) {
+      std::cerr << "moe-run: --backend auto: " << (*gpu)->name() << "\n";
+      return gpu;
+    }
+    std::unique_ptr<Device> cpu = makeCpuDevice(threads);
+    std::string why(gpu.status().message());
+    why = why.substr(0, why.find("; use --backend cpu")); // the advice is what auto just did
+    std::cerr << "moe-run: --backend auto: " << cpu->name() << " (" << why << ")\n";
+    return cpu;
+  }
+  return absl::InvalidArgumentError("--backend must be cpu, cuda or auto, got '" + backend + "'");
 }
 
 /// Everything a run needs: the plan, the device, the executor with weights bound.
@@ -519,10 +531,10 @@ int main(int argc, char **argv) {
                "  train    --plan P (--model DIR | --random-weights SEED [--initializer-range R])\n"
                "           --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
                "           [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]\n"
-               "           [--backend cpu|cuda]\n"
+               "           [--backend cpu|cuda|auto]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
                "  bench    --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]\n"
-               "           [--backend cpu|cuda] [--threads N]\n"
+               "           [--backend cpu|cuda|auto] [--threads N]\n"
                "  init     CONFIG.json [--seed S] -o DIR [--plan P]\n";
   if (command.empty() || command == "--help" || command == "-h")
     return command.empty() ? 1 : 0;
