@@ -22,19 +22,25 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
     tensors.push_back({t.peft_name(), t.param(), t.grad(), t.adam_m(), t.adam_v(), param.shape,
                        static_cast<size_t>(param.numel())});
   }
-  // Device scratch: the sums of squares, and a copy of each forward dispatch's counts
-  // (their buffer is reused later in the step), read once after the step.
-  for (const plan::Step &step : executor.rankPlan().steps())
+  // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read
+  // once after the step.
+  size_t counts = 0;
+  const plan::Rank &rank = executor.rankPlan();
+  for (int s = 0; s < rank.steps_size(); ++s) {
+    const plan::Step &step = rank.steps(s);
     if (step.phase() == plan::FORWARD && step.has_launch() && step.launch().kernel() == "dispatch" &&
         step.launch().outputs_size() >= 2) {
-      countsLayout.emplace_back(step.layer(), countsBytes);
-      TensorRef counts = executor.buffer(step.launch().outputs(1));
-      countsBytes += static_cast<size_t>(counts.numel()) * sizeof(int64_t);
+      uint32_t buffer = step.launch().outputs(1);
+      size_t n = static_cast<size_t>(executor.buffer(buffer).numel());
+      countsAtStep[s] = {step.layer(), buffer, counts, n};
+      counts += n;
     }
+  }
   if (absl::StatusOr<void *> memory = executor.device().allocate(std::max<size_t>(tensors.size(), 1) * 4);
       memory.ok())
     sums = *memory;
-  if (absl::StatusOr<void *> memory = executor.device().allocate(std::max<size_t>(countsBytes, 8)); memory.ok())
+  if (absl::StatusOr<void *> memory = executor.device().allocate(std::max<size_t>(counts, 1) * sizeof(int64_t));
+      memory.ok())
     countsCopy = *memory;
 }
 
@@ -109,38 +115,29 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::gradients() {
   return out;
 }
 
-void Trainer::copyExpertCounts(int s) {
-  const plan::Step &step = executor.rankPlan().steps(s);
-  if (step.phase() != plan::FORWARD || !step.has_launch() || step.launch().kernel() != "dispatch" ||
-      step.launch().outputs_size() < 2 || !countsCopy)
-    return;
-  for (auto [layer, offset] : countsLayout)
-    if (layer == step.layer()) {
-      TensorRef counts = executor.buffer(step.launch().outputs(1));
-      (void)executor.device().copy(static_cast<uint8_t *>(countsCopy) + offset, counts.data,
-                                   static_cast<size_t>(counts.numel()) * sizeof(int64_t));
-      return;
-    }
-}
-
 absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
   if (absl::Status status = executor.setInputs(batch.ids, batch.positions, batch.labels); !status.ok())
     return status;
   if (absl::Status status = executor.zeroGradients(); !status.ok())
     return status;
-  if (absl::Status status = executor.run([&](int s) { copyExpertCounts(s); }); !status.ok())
+  auto *copies = static_cast<int64_t *>(countsCopy);
+  absl::Status status = executor.run([&](int s) {
+    auto slot = countsAtStep.find(s);
+    if (slot != countsAtStep.end() && copies)
+      (void)executor.device().copy(copies + slot->second.offset, executor.buffer(slot->second.buffer).data,
+                                   slot->second.count * sizeof(int64_t));
+  });
+  if (!status.ok())
     return status;
-  // Tokens per expert from each forward dispatch (its second output), read once.
+  // Tokens per expert from each forward dispatch, read once.
   lastLoad.clear();
-  if (countsCopy && !countsLayout.empty()) {
-    std::vector<int64_t> all(countsBytes / sizeof(int64_t));
-    if (absl::Status s = executor.device().download(all.data(), countsCopy, countsBytes); !s.ok())
+  if (copies && !countsAtStep.empty()) {
+    const CountsSlot &last = countsAtStep.rbegin()->second;
+    std::vector<int64_t> all(last.offset + last.count);
+    if (absl::Status s = executor.device().download(all.data(), copies, all.size() * sizeof(int64_t)); !s.ok())
       return s;
-    for (size_t i = 0; i < countsLayout.size(); ++i) {
-      size_t begin = countsLayout[i].second / sizeof(int64_t);
-      size_t end = i + 1 < countsLayout.size() ? countsLayout[i + 1].second / sizeof(int64_t) : all.size();
-      lastLoad[countsLayout[i].first].assign(all.begin() + begin, all.begin() + end);
-    }
+    for (const auto &[step, slot] : countsAtStep)
+      lastLoad[slot.layer].assign(all.begin() + slot.offset, all.begin() + slot.offset + slot.count);
   }
   absl::StatusOr<float> loss = executor.loss();
   if (!loss.ok())

@@ -75,15 +75,19 @@ private:
     std::vector<int64_t> shape;
     size_t size;
   };
-  /// Copies the counts of each forward dispatch into `countsCopy` as the step runs.
-  void copyExpertCounts(int step);
+  /// Each forward dispatch's counts (its second output) and where they go in `countsCopy`:
+  /// their buffer is reused later in the step, so the run copies them on the device.
+  struct CountsSlot {
+    int layer;
+    uint32_t buffer;
+    size_t offset, count; // in int64 elements
+  };
 
   Executor &executor;
   std::vector<Tensor> tensors;
   void *sums = nullptr;       // device: one f32 sum of squares per tensor
   void *countsCopy = nullptr; // device: every MoE layer's counts of this step
-  size_t countsBytes = 0;
-  std::vector<std::pair<int, size_t>> countsLayout; // (layer, offset in countsCopy)
+  std::map<int, CountsSlot> countsAtStep; // by plan step index
   int64_t steps = 0;
   float lastLoss = 0;
   std::map<int, std::vector<int64_t>> lastLoad;
