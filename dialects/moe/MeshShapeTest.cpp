@@ -1,0 +1,49 @@
+//===- MeshShapeTest.cpp - parsing and rank coordinates of the mesh ------===//
+
+#include "dialects/moe/MeshShape.h"
+
+#include "gtest/gtest.h"
+
+namespace moec::moe {
+namespace {
+
+TEST(MeshShape, ParsesAxesInAnyOrder) {
+  MeshShape mesh;
+  std::string error;
+  ASSERT_TRUE(MeshShape::parse("ep=4,dp=2", mesh, error)) << error;
+  EXPECT_EQ(mesh.dp, 2);
+  EXPECT_EQ(mesh.tp, 1);
+  EXPECT_EQ(mesh.pp, 1);
+  EXPECT_EQ(mesh.ep, 4);
+  EXPECT_EQ(mesh.size(), 8);
+  EXPECT_EQ(mesh.str(), "dp=2,ep=4");
+  ASSERT_TRUE(MeshShape::parse("", mesh, error));
+  EXPECT_TRUE(mesh.single());
+  EXPECT_EQ(mesh.str(), "dp=1");
+}
+
+TEST(MeshShape, RejectsBadText) {
+  MeshShape mesh;
+  std::string error;
+  EXPECT_FALSE(MeshShape::parse("dp=2,dp=2", mesh, error));
+  EXPECT_EQ(error, "axis dp is given twice");
+  EXPECT_FALSE(MeshShape::parse("xp=2", mesh, error));
+  EXPECT_NE(error.find("dp, tp, pp, ep"), std::string::npos) << error;
+  EXPECT_FALSE(MeshShape::parse("tp=0", mesh, error));
+  EXPECT_NE(error.find("not '0'"), std::string::npos) << error;
+  EXPECT_FALSE(MeshShape::parse("tp=2x", mesh, error));
+}
+
+TEST(MeshShape, EpRunsFastestThenDpTpPp) {
+  MeshShape mesh{/*dp=*/2, /*tp=*/2, /*pp=*/2, /*ep=*/2};
+  // rank 13 = 1 + 2*(0 + 2*(1 + 2*1)): ep 1, dp 0, tp 1, pp 1.
+  EXPECT_EQ(mesh.coordinate(13, "ep"), 1);
+  EXPECT_EQ(mesh.coordinate(13, "dp"), 0);
+  EXPECT_EQ(mesh.coordinate(13, "tp"), 1);
+  EXPECT_EQ(mesh.coordinate(13, "pp"), 1);
+  EXPECT_EQ(mesh.coordinate(2, "dp"), 1);
+  EXPECT_EQ(mesh.coordinate(2, "ep"), 0);
+}
+
+} // namespace
+} // namespace moec::moe

@@ -1,0 +1,217 @@
+//===- CpuCommunicator.cpp - ranks as threads of one process -------------===//
+
+#include "runtime/comm/CpuCommunicator.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/weights/DType.h"
+
+namespace moec::runtime::comm {
+
+/// One rendezvous per group: a generation-counting barrier plus each rank's
+/// published buffers for the collective in progress.
+class CpuGroup {
+public:
+  CpuGroup(int size, double timeoutSeconds)
+      : size(size), timeout(timeoutSeconds), published(size) {}
+
+  struct Published {
+    const void *in = nullptr;
+    const std::vector<size_t> *sendCounts = nullptr; // allToAll only
+  };
+
+  /// Waits for all ranks; fails every waiter after the timeout, and every later
+  /// collective too (a group that lost a rank cannot resynchronise).
+  absl::Status arrive(const char *what) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!broken.empty())
+      return absl::DeadlineExceededError(broken);
+    uint64_t generation = this->generation;
+    if (++arrived == size) {
+      arrived = 0;
+      ++this->generation;
+      changed.notify_all();
+      return absl::OkStatus();
+    }
+    bool done = changed.wait_for(lock, std::chrono::duration<double>(timeout), [&] {
+      return this->generation != generation || !broken.empty();
+    });
+    if (!broken.empty())
+      return absl::DeadlineExceededError(broken);
+    if (!done) {
+      broken = absl::StrCat("cpu communicator: ", what, " timed out after ", timeout, " s: ",
+                            size - arrived, " of ", size, " ranks never arrived");
+      changed.notify_all();
+      return absl::DeadlineExceededError(broken);
+    }
+    return absl::OkStatus();
+  }
+
+  const int size;
+  const double timeout;
+  std::vector<Published> published;
+
+private:
+  std::mutex mutex;
+  std::condition_variable changed;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::string broken;
+};
+
+namespace {
+
+/// Adds `count` elements of `src` into the f64 accumulator (sums in rank order).
+absl::Status accumulate(std::vector<double> &sum, const void *src, size_t count, plan::DType dtype) {
+  for (size_t i = 0; i < count; ++i) {
+    switch (dtype) {
+    case plan::F32: sum[i] += static_cast<const float *>(src)[i]; break;
+    case plan::BF16: sum[i] += weights::bf16ToF32(static_cast<const uint16_t *>(src)[i]); break;
+    case plan::F16: sum[i] += weights::f16ToF32(static_cast<const uint16_t *>(src)[i]); break;
+    case plan::I32: sum[i] += static_cast<const int32_t *>(src)[i]; break;
+    case plan::I64: sum[i] += static_cast<const int64_t *>(src)[i]; break;
+    default: return absl::InvalidArgumentError("cpu communicator: unsupported dtype");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void store(const std::vector<double> &sum, void *dst, plan::DType dtype) {
+  for (size_t i = 0; i < sum.size(); ++i) {
+    switch (dtype) {
+    case plan::F32: static_cast<float *>(dst)[i] = static_cast<float>(sum[i]); break;
+    case plan::BF16: static_cast<uint16_t *>(dst)[i] = weights::f32ToBf16(static_cast<float>(sum[i])); break;
+    case plan::F16: static_cast<uint16_t *>(dst)[i] = weights::f32ToF16(static_cast<float>(sum[i])); break;
+    case plan::I32: static_cast<int32_t *>(dst)[i] = static_cast<int32_t>(sum[i]); break;
+    case plan::I64: static_cast<int64_t *>(dst)[i] = static_cast<int64_t>(sum[i]); break;
+    default: break;
+    }
+  }
+}
+
+class CpuCommunicator final : public Communicator {
+public:
+  CpuCommunicator(std::shared_ptr<CpuGroup> group, int rank) : group(std::move(group)), me(rank) {}
+
+  int rank() const override { return me; }
+  int size() const override { return group->size; }
+  std::string name() const override { return "cpu threads"; }
+
+  absl::Status allReduce(const void *in, void *out, size_t count, plan::DType dtype) override {
+    return reduce("allReduce", in, out, count, dtype, /*offset=*/0);
+  }
+  absl::Status reduceScatter(const void *in, void *out, size_t count, plan::DType dtype) override {
+    return reduce("reduceScatter", in, out, count, dtype, count * me);
+  }
+
+  absl::Status allGather(const void *in, void *out, size_t count, plan::DType dtype) override {
+    size_t bytes = count * elementBytes(dtype);
+    std::vector<char> result(bytes * size());
+    return exchange("allGather", in, nullptr, out, result, [&] {
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(result.data() + r * bytes, group->published[r].in, bytes);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
+                        const std::vector<size_t> &recvCounts, plan::DType dtype) override {
+    if (sendCounts.size() != static_cast<size_t>(size()) || recvCounts.size() != sendCounts.size())
+      return absl::InvalidArgumentError(absl::StrCat("allToAll: ", sendCounts.size(), " send and ",
+                                                     recvCounts.size(), " receive counts for ", size(),
+                                                     " ranks"));
+    size_t element = elementBytes(dtype), total = 0;
+    for (size_t n : recvCounts)
+      total += n;
+    std::vector<char> result(total * element);
+    return exchange("allToAll", in, &sendCounts, out, result, [&]() -> absl::Status {
+      size_t at = 0;
+      for (int r = 0; r < size(); ++r) {
+        const std::vector<size_t> &theirs = *group->published[r].sendCounts;
+        if (theirs[me] != recvCounts[r])
+          return absl::InvalidArgumentError(absl::StrCat("allToAll: rank ", me, " expects ", recvCounts[r],
+                                                         " elements from rank ", r, ", which sends ",
+                                                         theirs[me]));
+        size_t skip = 0;
+        for (int k = 0; k < me; ++k)
+          skip += theirs[k];
+        std::memcpy(result.data() + at * element,
+                    static_cast<const char *>(group->published[r].in) + skip * element,
+                    recvCounts[r] * element);
+        at += recvCounts[r];
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status broadcast(void *data, size_t count, plan::DType dtype, int root) override {
+    if (root < 0 || root >= size())
+      return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " of ", size(), " ranks"));
+    size_t bytes = count * elementBytes(dtype);
+    std::vector<char> result(bytes);
+    return exchange("broadcast", data, nullptr, data, result, [&] {
+      std::memcpy(result.data(), group->published[root].in, bytes);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status barrier() override { return group->arrive("barrier"); }
+
+private:
+  absl::Status reduce(const char *what, const void *in, void *out, size_t count, plan::DType dtype,
+                      size_t offset) {
+    if (elementBytes(dtype) == 0)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unsupported dtype ", plan::DType_Name(dtype)));
+    std::vector<char> result(count * elementBytes(dtype));
+    return exchange(what, in, nullptr, out, result, [&]() -> absl::Status {
+      std::vector<double> sum(count, 0.0);
+      size_t skip = offset * elementBytes(dtype);
+      for (int r = 0; r < size(); ++r)
+        if (absl::Status s = accumulate(sum, static_cast<const char *>(group->published[r].in) + skip, count,
+                                        dtype);
+            !s.ok())
+          return s;
+      store(sum, result.data(), dtype);
+      return absl::OkStatus();
+    });
+  }
+
+  /// Publish `in`, wait for all, compute this rank's `result` from everyone's
+  /// published buffers, wait again (so no rank overwrites an input another still
+  /// reads, in-place collectives included), then write `out`.
+  template <typename Compute>
+  absl::Status exchange(const char *what, const void *in, const std::vector<size_t> *sendCounts, void *out,
+                        std::vector<char> &result, Compute compute) {
+    group->published[me] = {in, sendCounts};
+    if (absl::Status s = group->arrive(what); !s.ok())
+      return s;
+    absl::Status computed = compute();
+    if (absl::Status s = group->arrive(what); !s.ok())
+      return s;
+    if (!computed.ok())
+      return computed;
+    if (!result.empty())
+      std::memcpy(out, result.data(), result.size());
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<CpuGroup> group;
+  int me;
+};
+
+} // namespace
+
+std::shared_ptr<CpuGroup> makeCpuGroup(int size, double timeoutSeconds) {
+  return std::make_shared<CpuGroup>(size, timeoutSeconds);
+}
+
+std::unique_ptr<Communicator> makeCpuCommunicator(std::shared_ptr<CpuGroup> group, int rank) {
+  return std::make_unique<CpuCommunicator>(std::move(group), rank);
+}
+
+} // namespace moec::runtime::comm
