@@ -12,6 +12,7 @@
 #include "passes/fuse/Fuse.h"
 #include "passes/inject_lora/InjectLoRA.h"
 #include "passes/plan_memory/PlanMemory.h"
+#include "passes/propagate_sharding/PropagateSharding.h"
 
 namespace moec::passes {
 
@@ -19,6 +20,7 @@ namespace moec::passes {
 inline void registerAllPasses() {
   registerInjectLoRAPass();
   registerBuildTrainingStepPass();
+  registerPropagateShardingPass();
   registerFusePass();
   registerPlanMemoryPass();
 }

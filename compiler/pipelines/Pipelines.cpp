@@ -29,6 +29,11 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   step.weightDecay = options.weightDecay;
   step.maxGradNorm = options.maxGradNorm;
   model.addPass(passes::createBuildTrainingStepPass(step));
+  if (!options.mesh.empty()) {
+    passes::PropagateShardingPassOptions sharding;
+    sharding.mesh = options.mesh;
+    model.addPass(passes::createPropagateShardingPass(sharding));
+  }
   // After the step: the loss it builds is what the LM head fuses with (inject-lora never
   // adapts the head, so the pattern is the same with or without adapters).
   if (options.fuse) {

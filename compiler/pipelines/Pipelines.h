@@ -61,12 +61,16 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<int64_t> fuseChunkTokens{*this, "fuse-chunk-tokens",
                                   llvm::cl::desc("Rows of logits the fused LM head and loss hold at a time"),
                                   llvm::cl::init(1024)};
+  Option<std::string> mesh{*this, "mesh",
+                           llvm::cl::desc("Device mesh, e.g. dp=2 (--moe-propagate-sharding); empty = one rank"),
+                           llvm::cl::init("")};
   Option<std::string> memoryCap{*this, "memory-cap",
                                 llvm::cl::desc("Most bytes per rank (80GiB); empty = no cap"),
                                 llvm::cl::init("")};
 };
 
-/// LoRA injection (when targets are given), the training step, fusion (unless `fuse` is off),
+/// LoRA injection (when targets are given), the training step, sharding (when a mesh is
+/// given), fusion (unless `fuse` is off),
 /// memory planning.
 void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOptions &options);
 

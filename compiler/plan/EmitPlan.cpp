@@ -2,6 +2,7 @@
 
 #include "compiler/plan/EmitPlan.h"
 
+#include "dialects/moe/MeshShape.h"
 #include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
@@ -78,11 +79,17 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
   out.set_micro_batch(program.microBatch);
   auto recompute = model->getAttrOfType<StringAttr>("recompute");
   out.set_recompute(recompute ? recompute.str() : "none");
+  moe::MeshShape shape;
+  if (auto text = model->getAttrOfType<StringAttr>("mesh")) {
+    std::string error;
+    if (!moe::MeshShape::parse(text.str(), shape, error))
+      return model.emitError("mesh '") << text.str() << "': " << error;
+  }
   plan::Mesh *mesh = out.mutable_mesh();
-  mesh->set_dp(1);
-  mesh->set_tp(1);
-  mesh->set_pp(1);
-  mesh->set_ep(1);
+  mesh->set_dp(shape.dp);
+  mesh->set_tp(shape.tp);
+  mesh->set_pp(shape.pp);
+  mesh->set_ep(shape.ep);
 
   plan::Rank *rank = out.add_ranks();
   rank->set_rank(0);
@@ -112,12 +119,29 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
       binding->set_tensor(buffer.tensor);
     }
   }
+  // Collective steps name their group by axes; each rank lists its groups in first-use order.
+  std::vector<std::string> groupAxes;
   for (const ProgramStep &step : program.steps) {
     plan::Step *s = rank->add_steps();
     s->set_stream(0);
     s->set_phase(step.phase);
     s->set_layer(step.layer);
     s->set_origin(step.origin);
+    if (!step.collective.empty()) {
+      if (step.collective != "all_reduce")
+        return model.emitError("no plan form for the collective '") << step.collective << "'";
+      plan::Collective *collective = s->mutable_collective();
+      collective->set_kind(plan::Collective::ALL_REDUCE);
+      auto at = llvm::find(groupAxes, step.axis);
+      collective->set_group(static_cast<uint32_t>(at - groupAxes.begin()));
+      if (at == groupAxes.end())
+        groupAxes.push_back(step.axis);
+      for (int id : step.inputs)
+        collective->add_inputs(static_cast<uint32_t>(id));
+      for (int id : step.outputs)
+        collective->add_outputs(static_cast<uint32_t>(id));
+      continue;
+    }
     plan::Launch *launch = s->mutable_launch();
     launch->set_kernel(step.kernel);
     for (int id : step.inputs)
@@ -136,6 +160,29 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
       addAttr(*launch->mutable_attrs(), key, attr.getValue());
     }
     launch->set_flops(step.flops);
+  }
+  // Every rank runs the same program so far (dp only); only its groups differ: the ranks
+  // that agree with it on every axis outside the group's.
+  plan::Rank first = *rank;
+  for (int64_t r = 0; r < shape.size(); ++r) {
+    plan::Rank *each = r == 0 ? rank : out.add_ranks();
+    if (r > 0)
+      *each = first;
+    each->set_rank(static_cast<int32_t>(r));
+    for (const std::string &axes : groupAxes) {
+      plan::Group *group = each->add_groups();
+      group->set_axis(axes);
+      SmallVector<StringRef> inside;
+      StringRef(axes).split(inside, '+');
+      for (int64_t q = 0; q < shape.size(); ++q) {
+        bool same = true;
+        for (const char *axis : {"dp", "tp", "pp", "ep"})
+          if (!llvm::is_contained(inside, axis))
+            same &= shape.coordinate(q, axis) == shape.coordinate(r, axis);
+        if (same)
+          group->add_ranks(static_cast<int32_t>(q));
+      }
+    }
   }
 
   auto optimizers = model.getBody().getOps<moe::OptimizerOp>();

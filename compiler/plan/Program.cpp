@@ -72,12 +72,15 @@ public:
     if (!step)
       return model.emitError("no func.func @train_step; run --moe-build-training-step first");
     Block &body = step.getBody().front();
-    if (body.getNumArguments() != 3)
-      return step.emitOpError("@train_step must take (ids, positions, labels)");
+    if (body.getNumArguments() != 3 && body.getNumArguments() != 4)
+      return step.emitOpError("@train_step must take (ids, positions, labels) and, sharded, loss_weight");
     llvm::DenseMap<Value, int> values;
     const char *names[] = {"input_ids", "positions", "labels"};
-    for (auto [arg, name] : llvm::zip(body.getArguments(), names))
+    for (auto [arg, name] : llvm::zip(body.getArguments().take_front(3), names))
       values[arg] = newBuffer(name, plan::INPUT, arg.getType(), {program.tokens()});
+    // A sharded step's loss seed: this rank's share of the global loss, set per step.
+    if (body.getNumArguments() == 4)
+      values[body.getArgument(3)] = newBuffer("loss_weight", plan::INPUT, body.getArgument(3).getType(), {});
     Context top{/*layer=*/-1, /*instance=*/-1, /*backward=*/false, model};
     if (failed(walk(body, values, top)))
       return failure();
@@ -187,10 +190,28 @@ private:
         auto param = cast<moe::ParamOp>(SymbolTable::lookupSymbolIn(context.symbols, grad.getParamAttr()));
         int target = program.buffers[paramBuffer(param, context.layer)].grad;
         addStep(&op, "accumulate_grad", {values.lookup(grad.getGrad())}, {target}, context);
+        std::vector<int> &bucket = gradsOfLayer[context.layer];
+        if (llvm::find(bucket, target) == bucket.end())
+          bucket.push_back(target);
         continue;
       }
-      if (isa<moe::FillOp>(op))
-        context.backward = true; // the loss seed starts the backward
+      if (auto reduce = dyn_cast<moe::AllReduceGradsOp>(op)) {
+        // In place over the gradients that layer accumulated; a layer without any
+        // (frozen throughout) needs no collective.
+        std::vector<int> bucket = gradsOfLayer[reduce.getLayer()];
+        if (bucket.empty())
+          continue;
+        addStep(&op, "", bucket, bucket, context);
+        ProgramStep &added = program.steps.back();
+        added.collective = "all_reduce";
+        added.axis = reduce.getAxis().str();
+        added.layer = static_cast<int>(reduce.getLayer());
+        continue;
+      }
+      // The loss seed starts the backward; a sharded step has none (its seed is the
+      // loss_weight argument), so its first moe.backward does.
+      if (isa<moe::FillOp, moe::BackwardOp>(op))
+        context.backward = true;
       if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp>(op))
         return op.emitOpError("has no kernel; the plan can only run moe compute ops");
       std::vector<int> inputs, outputs;
@@ -310,6 +331,8 @@ private:
   Program &program;
   moe::ModelOp model;
   std::map<std::string, int> params;
+  /// The gradient buffers each layer index accumulates (-1: model level), in first-use order.
+  std::map<int64_t, std::vector<int>> gradsOfLayer;
 };
 
 /// Lowest offset where `size` bytes fit beside `placed` (sorted by offset).

@@ -40,6 +40,9 @@ struct ProgramBuffer {
 
 struct ProgramStep {
   std::string kernel; // "linear", "linear.backward", "accumulate_grad", ...
+  /// Set for a collective ("all_reduce"; kernel is empty): the mesh axes it runs over
+  /// ("dp", "dp+ep"); inputs[i] pairs with outputs[i].
+  std::string collective, axis;
   std::vector<int> inputs, outputs;
   mlir::DictionaryAttr attrs;
   plan::Phase phase = plan::FORWARD;

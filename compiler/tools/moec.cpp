@@ -16,6 +16,7 @@
 #include "compiler/pipelines/Pipelines.h"
 #include "compiler/plan/EmitPlan.h"
 #include "compiler/plan/Report.h"
+#include "dialects/moe/MeshShape.h"
 #include "dialects/moe/MoeOps.h"
 #include "runtime/plan/PlanIO.h"
 #include "runtime/plan/PlanText.h"
@@ -134,6 +135,10 @@ int runCompile(int argc, char **argv) {
   cl::opt<std::string> memoryCap("memory-cap",
                                  cl::desc("Most bytes per GPU, e.g. 80GiB; layers recompute "
                                           "until the plan fits"));
+  cl::opt<std::string> meshText(
+      "mesh", cl::value_desc("dp=N,tp=N,pp=N,ep=N"),
+      cl::desc("Device mesh: the plan holds one program per rank (dp only so far); --micro-batch "
+               "is per rank"));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -157,6 +162,10 @@ int runCompile(int argc, char **argv) {
   mlir::registerAsmPrinterCLOptions();
   cl::ParseCommandLineOptions(argc, argv,
                               "moec compile: a model to a LoRA training plan\n");
+
+  moec::moe::MeshShape mesh;
+  if (std::string error; !moec::moe::MeshShape::parse(meshText, mesh, error))
+    return fail("--mesh '" + meshText + "': " + error);
 
   mlir::MLIRContext context;
   context.loadDialect<moec::moe::MoeDialect, mlir::func::FuncDialect>();
@@ -199,6 +208,8 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.fuse = !noFuse;
   options.fuseChunkTokens = fuseChunkTokens;
+  if (!mesh.single())
+    options.mesh = mesh.str();
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
@@ -233,7 +244,10 @@ int runCompile(int argc, char **argv) {
     if (absl::Status saved = moec::plan::savePlan(*plan, path); !saved.ok())
       return fail(std::string(saved.message()));
     errs() << "moec: wrote " << path << " (" << plan->ranks(0).steps_size() << " steps, "
-           << plan->ranks(0).buffers_size() << " buffers)\n";
+           << plan->ranks(0).buffers_size() << " buffers";
+    if (plan->ranks_size() > 1)
+      errs() << " per rank, " << plan->ranks_size() << " ranks";
+    errs() << ")\n";
     return 0;
   }
   std::string error;

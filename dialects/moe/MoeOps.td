@@ -756,4 +756,28 @@ def Moe_OptimizerOp : Moe_Op<"optimizer", [HasParent<"ModelOp">]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Collectives: inserted by --moe-propagate-sharding
+//===----------------------------------------------------------------------===//
+
+def Moe_AllReduceGradsOp : Moe_Op<"all_reduce_grads"> {
+  let summary = "Sums the gradients one layer instance accumulated over a mesh axis.";
+  let description = [{
+    After a layer's backward, the gradients of the trainable parameters it
+    accumulated (every `moe.param_grad` of that instance's template) are
+    summed over the ranks of `axis`: the ranks that computed the same
+    parameters on different tokens. `layer` is the layer index (-1: the
+    model-level parameters, after the whole backward). One op per layer is
+    one bucket, so the reduction of layer i can run while layer i-1's
+    backward computes. `axis` names mesh axes joined by `+` ("dp",
+    "dp+ep": a replicated parameter sees the tokens of both).
+
+    ```mlir
+    moe.all_reduce_grads {axis = "dp", layer = 3 : i64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$axis, I64Attr:$layer);
+  let assemblyFormat = "attr-dict";
+}
+
 #endif // DIALECTS_MOE_MOEOPS_TD_

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/plan/PlanFormat.h"
 
@@ -289,8 +290,14 @@ private:
       const Group &group = rank.groups(g);
       std::string at = absl::StrCat("rank ", index, ", groups[", g, "] (", group.axis(), "): ");
       bool ok = true;
-      if (group.axis() != "dp" && group.axis() != "tp" && group.axis() != "ep" && group.axis() != "pp") {
-        problems.add(at, "axis is ", quoted(group.axis()), ", expected \"dp\", \"tp\", \"ep\" or \"pp\"");
+      std::set<std::string> axes;
+      bool axesOk = !group.axis().empty();
+      for (absl::string_view axis : absl::StrSplit(group.axis(), '+'))
+        axesOk &= (axis == "dp" || axis == "tp" || axis == "ep" || axis == "pp") &&
+                  axes.insert(std::string(axis)).second;
+      if (!axesOk) {
+        problems.add(at, "axis is ", quoted(group.axis()),
+                     ", expected mesh axes (\"dp\", \"tp\", \"ep\", \"pp\") joined by '+', each once");
         ok = false;
       }
       if (group.ranks_size() == 0) {
