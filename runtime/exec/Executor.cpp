@@ -106,8 +106,6 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::create(const plan::Plan &pla
   std::vector<std::string> missing;
   for (const plan::Step &step : r.steps()) {
     if (!step.has_launch()) {
-      if (step.has_collective())
-        return absl::UnimplementedError("collectives need the NCCL backend; this executor runs one rank");
       executor->stepKernels.push_back(nullptr);
       continue;
     }
@@ -348,6 +346,9 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
           return absl::InternalError(absl::StrCat(stepName(s, step), " on ", dev->name(), ": ", synced.message()));
       if (profile)
         profile->add(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    } else if (step.has_collective()) {
+      if (absl::Status status = collective(step.collective()); !status.ok())
+        return absl::Status(status.code(), absl::StrCat(stepName(s, step), ": ", status.message()));
     }
     if (afterStep)
       afterStep(s);
@@ -356,6 +357,49 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
     return absl::InternalError(absl::StrCat("a kernel failed on ", dev->name(), ": ", synced.message(),
                                             " (set MOEC_SYNC_STEPS=1 to find the step)"));
   return absl::OkStatus();
+}
+
+absl::Status Executor::setCommunicators(std::vector<comm::Communicator *> byGroup) {
+  if (byGroup.size() != static_cast<size_t>(rankProto->groups_size()))
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rankProto->rank(), " has ", rankProto->groups_size(),
+                                                   " groups, got ", byGroup.size(), " communicators"));
+  for (size_t g = 0; g < byGroup.size(); ++g) {
+    const plan::Group &group = rankProto->groups(static_cast<int>(g));
+    if (!byGroup[g] || byGroup[g]->size() != group.ranks_size())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group ", g, " (", group.axis(), ") has ", group.ranks_size(), " ranks; its communicator ",
+          byGroup[g] ? absl::StrCat("has ", byGroup[g]->size()) : std::string("is missing")));
+  }
+  communicators = std::move(byGroup);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::collective(const plan::Collective &collective) {
+  if (collective.group() >= communicators.size()) {
+    const plan::Group &group = rankProto->groups(static_cast<int>(collective.group()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a collective over ", group.axis(), " ranks [", absl::StrJoin(group.ranks(), ","),
+        "] needs a communicator per group: run every rank (moe-run --nproc ", plan->ranks_size(), ")"));
+  }
+  comm::Communicator &comm = *communicators[collective.group()];
+  if (collective.kind() != plan::Collective::ALL_REDUCE)
+    return absl::UnimplementedError(absl::StrCat("collective ", plan::Collective::Kind_Name(collective.kind()),
+                                                 " is not run yet (only ALL_REDUCE)"));
+  for (int k = 0; k < collective.inputs_size(); ++k) {
+    TensorRef in = buffer(collective.inputs(k)), out = buffer(collective.outputs(k));
+    if (absl::Status s = comm.allReduce(in.data, out.data, static_cast<size_t>(in.numel()), in.dtype); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("all-reduce of '", rankProto->buffers(collective.inputs(k)).name(),
+                                                 "' over ", rankProto->groups(collective.group()).axis(), " (",
+                                                 comm.name(), "): ", s.message()));
+  }
+  return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
+}
+
+absl::Status Executor::setLossWeight(float weight) {
+  std::optional<uint32_t> id = findBuffer("loss_weight");
+  if (!id)
+    return absl::NotFoundError("the plan has no 'loss_weight' input (it is not sharded)");
+  return writeFloats(*id, {weight});
 }
 
 absl::Status Executor::launch(const std::string &kernel, const std::vector<uint32_t> &inputs,

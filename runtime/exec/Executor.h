@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/comm/Communicator.h"
 #include "runtime/exec/Device.h"
 #include "runtime/kernels/Kernel.h"
 #include "runtime/plan/plan.pb.h"
@@ -54,6 +55,14 @@ public:
   /// `input_ids`, `positions`, `labels`.
   absl::Status setInputs(const std::vector<int64_t> &ids, const std::vector<int64_t> &positions,
                          const std::vector<int64_t> &labels);
+
+  /// The communicators of this rank's groups, one per entry of the rank's `groups` (in
+  /// that order; not owned). A plan with collective steps runs only once they are set.
+  absl::Status setCommunicators(std::vector<comm::Communicator *> byGroup);
+  /// Whether the plan is sharded: its loss seed is this rank's share of the global loss
+  /// (the INPUT `loss_weight`, see --moe-propagate-sharding), set before each run.
+  bool hasLossWeight() const { return findBuffer("loss_weight").has_value(); }
+  absl::Status setLossWeight(float weight);
 
   /// Sets every GRADIENT buffer to zero (before a step's backward accumulates into them).
   absl::Status zeroGradients();
@@ -104,6 +113,8 @@ private:
   void emulateBf16(int rank);
   /// Rounds the buffers among `ids` that hold emulated bf16.
   absl::Status roundEmulated(const std::vector<uint32_t> &ids);
+  /// Runs a Collective step on its group's communicator.
+  absl::Status collective(const plan::Collective &collective);
 
   const plan::Plan *plan = nullptr;
   const plan::Rank *rankProto = nullptr;
@@ -113,6 +124,7 @@ private:
   Device *dev = nullptr;
   std::map<plan::Role, void *> arenas;
   std::vector<const KernelFn *> stepKernels; // null for non-launch steps
+  std::vector<comm::Communicator *> communicators; // by group index
   std::map<std::string, uint32_t> byName;
   bool syncEachStep = false;
 };

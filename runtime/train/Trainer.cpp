@@ -36,6 +36,17 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
       counts += n;
     }
   }
+  // The loss step's label rule, for each rank's count of scored tokens.
+  for (const plan::Step &step : rank.steps())
+    if (step.has_launch() && step.phase() == plan::FORWARD &&
+        (step.launch().kernel() == "cross_entropy" || step.launch().kernel() == "lm_head_cross_entropy")) {
+      const auto &attrs = step.launch().attrs();
+      shiftLabels = attrs.count("shift_labels") && attrs.at("shift_labels").b();
+      if (attrs.count("ignore_index"))
+        ignoreIndex = attrs.at("ignore_index").i();
+    }
+  if (absl::StatusOr<void *> memory = executor.device().allocate(8); memory.ok())
+    worldScratch = *memory;
   if (absl::StatusOr<void *> memory = executor.device().allocate(std::max<size_t>(tensors.size(), 1) * 4);
       memory.ok())
     sums = *memory;
@@ -50,6 +61,34 @@ Trainer::~Trainer() {
     executor.device().release(sums);
   if (countsCopy)
     executor.device().release(countsCopy);
+  if (worldScratch)
+    executor.device().release(worldScratch);
+}
+
+int64_t Trainer::scoredTokens(const std::vector<int64_t> &labels) const {
+  int64_t seq = executor.planProto().seq_len(), n = 0;
+  for (size_t t = 0; t < labels.size(); ++t) {
+    if (shiftLabels && (static_cast<int64_t>(t) + 1) % seq == 0)
+      continue;
+    n += labels[shiftLabels ? t + 1 : t] != ignoreIndex;
+  }
+  return n;
+}
+
+absl::StatusOr<double> Trainer::sumOverRanks(double value, plan::DType dtype) {
+  if (!worldScratch)
+    return absl::ResourceExhaustedError("no device memory for a value summed over ranks");
+  int64_t i = static_cast<int64_t>(value);
+  float f = static_cast<float>(value);
+  const void *host = dtype == plan::I64 ? static_cast<const void *>(&i) : &f;
+  size_t bytes = dtype == plan::I64 ? sizeof i : sizeof f;
+  if (absl::Status s = executor.device().upload(worldScratch, host, bytes); !s.ok())
+    return s;
+  if (absl::Status s = world->allReduce(worldScratch, worldScratch, 1, dtype); !s.ok())
+    return s;
+  if (absl::Status s = executor.device().download(const_cast<void *>(host), worldScratch, bytes); !s.ok())
+    return s;
+  return dtype == plan::I64 ? static_cast<double>(i) : f;
 }
 
 absl::Status Trainer::initAdapter(uint64_t seed) {
@@ -120,6 +159,24 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     return status;
   if (absl::Status status = executor.zeroGradients(); !status.ok())
     return status;
+  // A sharded step: this rank's share of the global mean loss seeds its backward, so the
+  // plan's sums over ranks give the global batch's gradients.
+  double weight = 1;
+  if (executor.hasLossWeight()) {
+    int ranks = executor.planProto().ranks_size();
+    if (!world || world->size() != ranks)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the plan is sharded over ", ranks, " ranks: each rank's loss weight needs the others' token "
+          "counts; run every rank (moe-run --nproc ", ranks, ")"));
+    int64_t mine = scoredTokens(batch.labels);
+    absl::StatusOr<double> all = sumOverRanks(static_cast<double>(mine), plan::I64);
+    if (!all.ok())
+      return absl::Status(all.status().code(), absl::StrCat("summing scored tokens over ranks: ",
+                                                             all.status().message()));
+    weight = *all > 0 ? mine / *all : 0.0;
+    if (absl::Status status = executor.setLossWeight(static_cast<float>(weight)); !status.ok())
+      return status;
+  }
   auto *copies = static_cast<int64_t *>(countsCopy);
   absl::Status status = executor.run([&](int s) {
     auto slot = countsAtStep.find(s);
@@ -143,6 +200,13 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
   if (!loss.ok())
     return loss.status();
   lastLoss = *loss;
+  if (executor.hasLossWeight()) {
+    absl::StatusOr<double> global = sumOverRanks(weight * *loss, plan::F32);
+    if (!global.ok())
+      return absl::Status(global.status().code(), absl::StrCat("summing the loss over ranks: ",
+                                                                global.status().message()));
+    lastLoss = static_cast<float>(*global);
+  }
   return lastLoss;
 }
 

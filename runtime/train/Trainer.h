@@ -54,7 +54,12 @@ public:
   /// Shapes of the adapter tensors, by PEFT name.
   std::map<std::string, std::vector<int64_t>> shapes() const;
 
-  /// Forward and backward for `batch`; gradients are left in the plan's buffers.
+  /// The communicator over every rank of a sharded plan (not owned): each rank's loss
+  /// weight needs the global count of scored tokens, and the loss is summed over ranks.
+  void setWorld(comm::Communicator *world) { this->world = world; }
+
+  /// Forward and backward for `batch` (this rank's sequences); gradients are left in the
+  /// plan's buffers. For a sharded plan: the loss of the global batch, the same on every rank.
   absl::StatusOr<float> forwardBackward(const Batch &batch);
   /// Clipping and AdamW with the schedule's learning rate; counts the step.
   absl::StatusOr<StepStats> optimizerStep();
@@ -83,10 +88,20 @@ private:
     size_t offset, count; // in int64 elements
   };
 
+  /// Positions of `labels` the loss scores (the loss kernels' rule: shifted within each
+  /// sequence, ignore_index left out).
+  int64_t scoredTokens(const std::vector<int64_t> &labels) const;
+  /// Sums one value over the world's ranks through device memory.
+  absl::StatusOr<double> sumOverRanks(double value, plan::DType dtype);
+
   Executor &executor;
+  comm::Communicator *world = nullptr;
+  bool shiftLabels = true;
+  int64_t ignoreIndex = -100;
   std::vector<Tensor> tensors;
   void *sums = nullptr;       // device: one f32 sum of squares per tensor
   void *countsCopy = nullptr; // device: every MoE layer's counts of this step
+  void *worldScratch = nullptr; // device: one value summed over ranks
   std::map<int, CountsSlot> countsAtStep; // by plan step index
   int64_t steps = 0;
   float lastLoss = 0;

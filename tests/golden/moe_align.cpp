@@ -54,6 +54,7 @@
 #include "runtime/plan/PlanIO.h"
 #include "runtime/tools/Args.h"
 #include "runtime/tools/Moec.h"
+#include "tests/golden/Comparison.h"
 
 using namespace moec;
 using namespace moec::runtime;
@@ -84,41 +85,6 @@ struct Golden {
       std::memcpy(out.data(), file->data(*info).data(), out.size() * sizeof(int64_t));
     }
     return out;
-  }
-};
-
-struct Comparison {
-  int failures = 0;
-  int lines = 0;
-  std::map<std::string, std::vector<float>> ours; // for --dump
-
-  /// relTolerance > 0: ||a-b||/||b|| against it; else max abs error against absTolerance.
-  bool bf16 = false; // every check is relative 2e-2
-
-  void check(const std::string &name, const std::vector<float> &ours, const std::vector<float> &ref,
-             double relTolerance, double absTolerance) {
-    if (bf16) {
-      relTolerance = 2e-2;
-      absTolerance = 0;
-    }
-    ++lines;
-    this->ours[name] = ours;
-    if (ours.size() != ref.size() || ref.empty()) {
-      std::printf("%-90s  size %zu vs reference %zu  FAIL\n", name.c_str(), ours.size(), ref.size());
-      ++failures;
-      return;
-    }
-    double maxAbs = 0, diff = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      double d = static_cast<double>(ours[i]) - ref[i];
-      maxAbs = std::max(maxAbs, std::abs(d));
-      diff += d * d;
-      norm += static_cast<double>(ref[i]) * ref[i];
-    }
-    double rel = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-    bool pass = std::isfinite(maxAbs) && (relTolerance > 0 ? rel <= relTolerance : maxAbs <= absTolerance);
-    failures += pass ? 0 : 1;
-    std::printf("%-90s  max_abs %.3e  rel %.3e  %s\n", name.c_str(), maxAbs, rel, pass ? "PASS" : "FAIL");
   }
 };
 

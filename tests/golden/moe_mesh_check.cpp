@@ -1,0 +1,223 @@
+//===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
+//
+//   moe-mesh-check DIR --mesh dp=2 [--dtype float32|bfloat16] [--cpu-threads N]
+//
+// DIR is a golden family (config.json, model.safetensors, adapter/,
+// golden.safetensors). Compiles the config twice with the adapter's
+// settings: for one rank on the golden batch, and for the mesh with the
+// batch split over its data-parallel ranks (--micro-batch batch / dp). Runs
+// the single rank, then every rank of the mesh as a thread of this process
+// (the CPU communicator), each on its own sequences, from the golden adapter:
+// three AdamW steps (lr 1e-3, constant, no clipping). Prints one line per
+// tensor comparing the mesh with the single rank: the loss before each step,
+// every LoRA gradient of the first step, every parameter after the three
+// steps; exits 1 if any differs by more than relative 1e-4 (2e-2 in bf16),
+// or if the ranks' parameters differ from each other at all.
+//
+//===----------------------------------------------------------------------===//
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "dialects/moe/MeshShape.h"
+#include "runtime/comm/CpuCommunicator.h"
+#include "runtime/exec/Executor.h"
+#include "runtime/plan/PlanIO.h"
+#include "runtime/tools/Args.h"
+#include "runtime/tools/Moec.h"
+#include "runtime/train/Trainer.h"
+#include "runtime/weights/Checkpoint.h"
+#include "runtime/weights/Safetensors.h"
+#include "tests/golden/Comparison.h"
+
+using namespace moec;
+using namespace moec::runtime;
+
+namespace {
+
+int fail(const std::string &message) {
+  std::fprintf(stderr, "moe-mesh-check: error: %s\n", message.c_str());
+  return 2;
+}
+
+using Tensors = std::map<std::string, std::vector<float>>;
+
+/// What one rank saw: the loss before each step, the first step's gradients, the
+/// parameters after the last step.
+struct Run {
+  std::vector<float> losses;
+  Tensors grads, after;
+  absl::Status status;
+};
+
+/// Three steps of `plan`'s rank `rank` on rows [first, first + rows) of the batch.
+Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensors &adapter,
+          const std::vector<int64_t> &ids, const std::vector<int64_t> &labels, int64_t seq, int64_t first,
+          int64_t rows, int threads, comm::Communicator *world) {
+  Run run;
+  auto fail = [&](const absl::Status &s) {
+    run.status = absl::Status(s.code(), "rank " + std::to_string(rank) + ": " + std::string(s.message()));
+    return run;
+  };
+  std::unique_ptr<Device> device = makeCpuDevice(threads);
+  auto checkpoint = weights::Checkpoint::open(dir);
+  if (!checkpoint.ok())
+    return fail(checkpoint.status());
+  auto executor = Executor::create(plan, rank, *device);
+  if (!executor.ok())
+    return fail(executor.status());
+  if (absl::Status s = (*executor)->bindWeights(**checkpoint); !s.ok())
+    return fail(s);
+  if (world && plan.ranks_size() > 1)
+    if (absl::Status s = (*executor)->setCommunicators({world}); !s.ok())
+      return fail(s);
+  Trainer trainer(**executor);
+  trainer.setWorld(world);
+  if (absl::Status s = trainer.setAdapter(adapter); !s.ok())
+    return fail(s);
+  Batch batch;
+  batch.ids.assign(ids.begin() + first * seq, ids.begin() + (first + rows) * seq);
+  batch.labels.assign(labels.begin() + first * seq, labels.begin() + (first + rows) * seq);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < seq; ++t)
+      batch.positions.push_back(t);
+  for (int step = 0; step < 3; ++step) {
+    absl::StatusOr<float> loss = trainer.forwardBackward(batch);
+    if (!loss.ok())
+      return fail(loss.status());
+    run.losses.push_back(*loss);
+    if (step == 0) {
+      auto grads = trainer.gradients();
+      if (!grads.ok())
+        return fail(grads.status());
+      run.grads = std::move(*grads);
+    }
+    if (auto stepped = trainer.optimizerStep(); !stepped.ok())
+      return fail(stepped.status());
+  }
+  auto after = trainer.adapter();
+  if (!after.ok())
+    return fail(after.status());
+  run.after = std::move(*after);
+  return run;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Args args(argc, argv, 1);
+  std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32");
+  int64_t threads = 1;
+  std::string error;
+  if (!args.integer("cpu-threads", 1, threads, error))
+    return fail(error);
+  if (auto unknown = args.unknown(); !unknown.empty())
+    return fail("unknown flag(s): " + unknown.front());
+  if (args.positional.size() != 1 || meshText.empty())
+    return fail("usage: moe-mesh-check DIR --mesh dp=N [--dtype float32|bfloat16] [--cpu-threads N]");
+  std::string dir = args.positional[0];
+  moe::MeshShape mesh;
+  if (!moe::MeshShape::parse(meshText, mesh, error))
+    return fail("--mesh '" + meshText + "': " + error);
+  if (dtype != "float32" && dtype != "bfloat16")
+    return fail("--dtype must be float32 or bfloat16, got '" + dtype + "'");
+
+  auto golden = weights::SafetensorsFile::open(dir + "/golden.safetensors");
+  if (!golden.ok())
+    return fail(std::string(golden.status().message()));
+  const weights::TensorInfo *idsInfo = (*golden)->find("input_ids");
+  const weights::TensorInfo *labelsInfo = (*golden)->find("labels");
+  if (!idsInfo || !labelsInfo || idsInfo->shape.size() != 2 || labelsInfo->shape != idsInfo->shape)
+    return fail(dir + "/golden.safetensors: input_ids and labels [batch, seq] are missing");
+  int64_t batch = idsInfo->shape[0], seq = idsInfo->shape[1];
+  if (batch % mesh.dp != 0)
+    return fail("the golden batch of " + std::to_string(batch) + " sequences does not split over dp=" +
+                std::to_string(mesh.dp));
+  std::vector<int64_t> ids(static_cast<size_t>(batch * seq)), labels(ids.size());
+  std::memcpy(ids.data(), (*golden)->data(*idsInfo).data(), ids.size() * sizeof(int64_t));
+  std::memcpy(labels.data(), (*golden)->data(*labelsInfo).data(), labels.size() * sizeof(int64_t));
+
+  Tensors adapter;
+  auto adapterFile = weights::SafetensorsFile::open(dir + "/adapter/adapter_model.safetensors");
+  if (!adapterFile.ok())
+    return fail(std::string(adapterFile.status().message()));
+  for (const weights::TensorInfo &info : (*adapterFile)->tensors()) {
+    std::vector<float> &values = adapter[info.name];
+    values.resize(static_cast<size_t>(info.numElements()));
+    (void)weights::convertElements((*adapterFile)->data(info).data(), info.dtype, values.data(),
+                                   weights::DType::F32, values.size());
+  }
+
+  // The two plans, in a directory of our own (tests run in parallel share /tmp).
+  std::string tempDir = (std::filesystem::temp_directory_path() / "moe-mesh-check-XXXXXX").string();
+  if (!mkdtemp(tempDir.data()))
+    return fail("cannot create a temporary directory for the plans");
+  auto compile = [&](const std::string &name, int64_t microBatch, const std::string &meshFlag)
+      -> absl::StatusOr<plan::Plan> {
+    std::vector<std::string> moecArgs = {dir + "/config.json", "--adapter", dir + "/adapter", "--seq-len",
+                                         std::to_string(seq), "--micro-batch", std::to_string(microBatch),
+                                         "--lr", "1e-3", "--warmup-steps", "0", "--schedule", "constant",
+                                         "--max-grad-norm", "0", "--weight-decay", "0", "--dtype", dtype,
+                                         "-o", tempDir + "/" + name};
+    if (!meshFlag.empty())
+      moecArgs.insert(moecArgs.end(), {"--mesh", meshFlag});
+    if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
+      return s;
+    return plan::loadPlan(tempDir + "/" + name);
+  };
+  absl::StatusOr<plan::Plan> single = compile("single.moeplan", batch, "");
+  absl::StatusOr<plan::Plan> sharded = compile("mesh.moeplan", batch / mesh.dp, mesh.str());
+  std::filesystem::remove_all(tempDir);
+  if (!single.ok())
+    return fail(std::string(single.status().message()));
+  if (!sharded.ok())
+    return fail(std::string(sharded.status().message()));
+  int world = sharded->ranks_size();
+  std::printf("%s: mesh %s (%d ranks as threads) against one rank, %s storage\n", dir.c_str(),
+              mesh.str().c_str(), world, dtype.c_str());
+
+  Run reference = train(*single, 0, dir, adapter, ids, labels, seq, 0, batch, static_cast<int>(threads), nullptr);
+  if (!reference.status.ok())
+    return fail("the single-rank run: " + std::string(reference.status.message()));
+  std::vector<Run> ranks(static_cast<size_t>(world));
+  {
+    auto group = comm::makeCpuGroup(world, /*timeoutSeconds=*/120);
+    std::vector<std::thread> threadsOfRanks;
+    for (int r = 0; r < world; ++r)
+      threadsOfRanks.emplace_back([&, r] {
+        std::unique_ptr<comm::Communicator> comm = comm::makeCpuCommunicator(group, r);
+        int64_t rows = batch / mesh.dp, first = mesh.coordinate(r, "dp") * rows;
+        ranks[r] = train(*sharded, r, dir, adapter, ids, labels, seq, first, rows, static_cast<int>(threads),
+                         comm.get());
+      });
+    for (std::thread &t : threadsOfRanks)
+      t.join();
+  }
+  for (const Run &run : ranks)
+    if (!run.status.ok())
+      return fail("the mesh run: " + std::string(run.status.message()));
+
+  Comparison compare;
+  double tolerance = dtype == "bfloat16" ? 2e-2 : 1e-4;
+  compare.check("losses (3 steps)", ranks[0].losses, reference.losses, tolerance, 0);
+  for (const auto &[name, values] : reference.grads)
+    compare.check("grad." + name, ranks[0].grads[name], values, tolerance, 0);
+  for (const auto &[name, values] : reference.after)
+    compare.check("after3." + name, ranks[0].after[name], values, tolerance, 0);
+  // Replicated parameters: every rank must hold the very same bits.
+  for (int r = 1; r < world; ++r)
+    if (ranks[r].after != ranks[0].after || ranks[r].losses != ranks[0].losses) {
+      std::printf("rank %d's parameters or losses differ from rank 0's  FAIL\n", r);
+      ++compare.failures;
+    }
+  std::printf("%s: %d of %d tensors of the %s run within %.0e of one rank\n", dir.c_str(),
+              compare.lines - compare.failures, compare.lines, mesh.str().c_str(), tolerance);
+  return compare.failures ? 1 : 0;
+}
