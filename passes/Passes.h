@@ -13,14 +13,16 @@
 #include "passes/inject_lora/InjectLoRA.h"
 #include "passes/plan_memory/PlanMemory.h"
 #include "passes/propagate_sharding/PropagateSharding.h"
+#include "passes/sync_gradients/SyncGradients.h"
 
 namespace moec::passes {
 
 /// Registers every MoEC pass with the global pass registry.
 inline void registerAllPasses() {
   registerInjectLoRAPass();
-  registerBuildTrainingStepPass();
   registerPropagateShardingPass();
+  registerBuildTrainingStepPass();
+  registerSyncGradientsPass();
   registerFusePass();
   registerPlanMemoryPass();
 }

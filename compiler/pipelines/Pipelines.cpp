@@ -28,12 +28,16 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   step.schedule = options.schedule;
   step.weightDecay = options.weightDecay;
   step.maxGradNorm = options.maxGradNorm;
-  model.addPass(passes::createBuildTrainingStepPass(step));
+  // On a mesh: the forward's collectives before the step differentiates through them, the
+  // gradient sums after.
   if (!options.mesh.empty()) {
     passes::PropagateShardingPassOptions sharding;
     sharding.mesh = options.mesh;
     model.addPass(passes::createPropagateShardingPass(sharding));
   }
+  model.addPass(passes::createBuildTrainingStepPass(step));
+  if (!options.mesh.empty())
+    model.addPass(passes::createSyncGradientsPass());
   // After the step: the loss it builds is what the LM head fuses with (inject-lora never
   // adapts the head, so the pattern is the same with or without adapters).
   if (options.fuse) {

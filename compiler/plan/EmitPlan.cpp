@@ -128,10 +128,14 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
     s->set_layer(step.layer);
     s->set_origin(step.origin);
     if (!step.collective.empty()) {
-      if (step.collective != "all_reduce")
+      plan::Collective::Kind kind = step.collective == "all_reduce"        ? plan::Collective::ALL_REDUCE
+                                    : step.collective == "expert_dispatch" ? plan::Collective::EXPERT_DISPATCH
+                                    : step.collective == "expert_combine"  ? plan::Collective::EXPERT_COMBINE
+                                                                           : plan::Collective::KIND_UNSPECIFIED;
+      if (kind == plan::Collective::KIND_UNSPECIFIED)
         return model.emitError("no plan form for the collective '") << step.collective << "'";
       plan::Collective *collective = s->mutable_collective();
-      collective->set_kind(plan::Collective::ALL_REDUCE);
+      collective->set_kind(kind);
       auto at = llvm::find(groupAxes, step.axis);
       collective->set_group(static_cast<uint32_t>(at - groupAxes.begin()));
       if (at == groupAxes.end())
@@ -161,14 +165,34 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
     }
     launch->set_flops(step.flops);
   }
-  // Every rank runs the same program so far (dp only); only its groups differ: the ranks
-  // that agree with it on every axis outside the group's.
+  // Every rank runs the same program (dp, ep); what differs: which experts its split
+  // parameters bind, and its groups: the ranks that agree with it on every axis outside
+  // the group's.
   plan::Rank first = *rank;
   for (int64_t r = 0; r < shape.size(); ++r) {
     plan::Rank *each = r == 0 ? rank : out.add_ranks();
     if (r > 0)
       *each = first;
     each->set_rank(static_cast<int32_t>(r));
+    for (plan::WeightBinding &binding : *each->mutable_weights()) {
+      const ProgramBuffer &buffer = program.buffers[binding.buffer()];
+      if (!buffer.expertSplit)
+        continue;
+      int64_t firstExpert = shape.coordinate(r, "ep") * buffer.shape.at(0);
+      if (StringRef(buffer.tensor).contains("{expert}")) {
+        binding.set_first_expert(firstExpert);
+        continue;
+      }
+      // One checkpoint tensor stacking every expert: this rank's rows of it.
+      plan::Slice::Range *range = binding.mutable_slice()->add_dims();
+      range->set_start(firstExpert);
+      range->set_size(buffer.shape[0]);
+      for (size_t d = 1; d < buffer.shape.size(); ++d) {
+        range = binding.mutable_slice()->add_dims();
+        range->set_start(0);
+        range->set_size(buffer.shape[d]);
+      }
+    }
     for (const std::string &axes : groupAxes) {
       plan::Group *group = each->add_groups();
       group->set_axis(axes);

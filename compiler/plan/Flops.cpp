@@ -75,6 +75,14 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
   std::vector<const std::vector<int64_t> *> shapes;
   for (int id : step.inputs)
     shapes.push_back(&program.buffers[id].shape);
+  // Rows that are room for more than the expected ones (expert parallel's received rows):
+  // balanced routing fills 1 / rowsRoom of them.
+  std::vector<int64_t> expected;
+  if (!step.inputs.empty() && program.buffers[step.inputs[0]].rowsRoom > 1) {
+    expected = *shapes[0];
+    expected[0] /= program.buffers[step.inputs[0]].rowsRoom;
+    shapes[0] = &expected;
+  }
   auto backward = dyn_cast<moe::BackwardOp>(op);
   if (!backward)
     return forwardFlops(op->getName().stripDialect(), shapes, op->getAttrDictionary(), program);

@@ -3,6 +3,7 @@
 #include "compiler/plan/Program.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "compiler/plan/Flops.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -119,13 +120,16 @@ private:
     auto [it, inserted] = params.try_emplace(tensor, -1);
     if (!inserted)
       return it->second;
-    ArrayRef<int64_t> shape = param.getTensorType().getShape();
+    // One rank's part (the model's mesh; the verifier checked it divides).
+    ArrayRef<int64_t> shape = param.getLocalType().getShape();
     std::vector<int64_t> dims(shape.begin(), shape.end());
     bool trainable = param.getTrainable();
-    int id = newBuffer(tensor, trainable ? plan::LORA_PARAM : plan::WEIGHT, param.getTensorType(), dims);
+    int id = newBuffer(tensor, trainable ? plan::LORA_PARAM : plan::WEIGHT, param.getLocalType(), dims);
     program.buffers[id].tensor = tensor;
+    program.buffers[id].expertSplit = !param.getShardingOrReplicated().isReplicated();
     if (trainable) {
-      int grad = newBuffer(tensor + ".grad", plan::GRADIENT, param.getTensorType(), dims);
+      int grad = newBuffer(tensor + ".grad", plan::GRADIENT, param.getLocalType(), dims);
+      program.buffers[grad].expertSplit = program.buffers[id].expertSplit;
       // AdamW moments stay in f32 whatever the parameter's dtype.
       auto f32 = RankedTensorType::get(shape, Float32Type::get(model.getContext()));
       int m = newBuffer(tensor + ".adam_m", plan::OPTIMIZER_STATE, f32, dims);
@@ -157,6 +161,11 @@ private:
       rows = indices.shape.at(0) * indices.shape.at(1); // one row per (token, expert) pair
     } else if (auto combine = dyn_cast<moe::CombineOp>(op)) {
       rows = rowsOf(combine.getIndices());
+    } else if (auto exchange = dyn_cast<moe::AllToAllDispatchOp>(op)) {
+      // Room for every row of every rank: any of them may route all its rows here.
+      rows = rowsOf(exchange.getTokens()) * exchange.getRanks();
+    } else if (auto back = dyn_cast<moe::AllToAllCombineOp>(op)) {
+      rows = rowsOf(back.getRows()) / back.getRanks();
     } else if (auto backward = dyn_cast<moe::BackwardOp>(op)) {
       rows = rowsOf(backward.getInputs()[backward.getGradOfInputs()[index]]);
     } else {
@@ -190,7 +199,7 @@ private:
         auto param = cast<moe::ParamOp>(SymbolTable::lookupSymbolIn(context.symbols, grad.getParamAttr()));
         int target = program.buffers[paramBuffer(param, context.layer)].grad;
         addStep(&op, "accumulate_grad", {values.lookup(grad.getGrad())}, {target}, context);
-        std::vector<int> &bucket = gradsOfLayer[context.layer];
+        std::vector<int> &bucket = gradsOfLayer[{context.layer, program.buffers[target].expertSplit}];
         if (llvm::find(bucket, target) == bucket.end())
           bucket.push_back(target);
         continue;
@@ -198,7 +207,7 @@ private:
       if (auto reduce = dyn_cast<moe::AllReduceGradsOp>(op)) {
         // In place over the gradients that layer accumulated; a layer without any
         // (frozen throughout) needs no collective.
-        std::vector<int> bucket = gradsOfLayer[reduce.getLayer()];
+        std::vector<int> bucket = gradsOfLayer[{reduce.getLayer(), reduce.getExperts()}];
         if (bucket.empty())
           continue;
         addStep(&op, "", bucket, bucket, context);
@@ -237,9 +246,42 @@ private:
         values[op.getResult(i)] = id;
         outputs.push_back(id);
       }
+      if (auto dispatch = dyn_cast<moe::AllToAllDispatchOp>(op))
+        program.buffers[outputs[0]].rowsRoom = dispatch.getRanks();
+      if (std::optional<ExpertExchange> exchange = expertExchange(&op, inputs)) {
+        addStep(&op, "", exchange->inputs, outputs, context);
+        program.steps.back().collective = exchange->collective;
+        program.steps.back().axis = exchange->axis;
+        continue;
+      }
       addStep(&op, kernelName(&op), inputs, outputs, context);
     }
     return success();
+  }
+
+  /// The expert all-to-all ops and their backwards are collectives; `inputs` are the op's
+  /// operand buffers in IR order, rearranged into plan.proto's layouts.
+  struct ExpertExchange {
+    std::string collective, axis;
+    std::vector<int> inputs;
+  };
+  static std::optional<ExpertExchange> expertExchange(Operation *op, const std::vector<int> &in) {
+    if (auto dispatch = dyn_cast<moe::AllToAllDispatchOp>(op))
+      return ExpertExchange{"expert_dispatch", dispatch.getAxis().str(), {in[0], in[1]}};
+    if (auto combine = dyn_cast<moe::AllToAllCombineOp>(op))
+      return ExpertExchange{"expert_combine", combine.getAxis().str(), {in[0], in[1], in[2]}};
+    auto backward = dyn_cast<moe::BackwardOp>(op);
+    if (!backward)
+      return std::nullopt;
+    auto axis = backward.getForwardAttrs().getAs<StringAttr>("axis");
+    // dispatch: inputs (tokens, counts), outputs (received, local, sources), grads (d received):
+    // the gradients go back the way results do.
+    if (backward.getForward() == moe::AllToAllDispatchOp::getOperationName() && axis)
+      return ExpertExchange{"expert_combine", axis.str(), {in[5], in[4], in[1]}};
+    // combine: inputs (rows, sources, counts), grads (d result): out again, layout known.
+    if (backward.getForward() == moe::AllToAllCombineOp::getOperationName() && axis)
+      return ExpertExchange{"expert_dispatch", axis.str(), {in[3], in[2], in[1]}};
+    return std::nullopt;
   }
 
   LogicalResult walkLayer(moe::ApplyLayerOp apply, llvm::DenseMap<Value, int> &values,
@@ -331,8 +373,9 @@ private:
   Program &program;
   moe::ModelOp model;
   std::map<std::string, int> params;
-  /// The gradient buffers each layer index accumulates (-1: model level), in first-use order.
-  std::map<int64_t, std::vector<int>> gradsOfLayer;
+  /// The gradient buffers each layer index accumulates (-1: model level), in first-use
+  /// order, apart for parameters split over ep.
+  std::map<std::pair<int64_t, bool>, std::vector<int>> gradsOfLayer;
 };
 
 /// Lowest offset where `size` bytes fit beside `placed` (sorted by offset).

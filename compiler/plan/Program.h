@@ -36,12 +36,20 @@ struct ProgramBuffer {
   /// The layer instance a workspace buffer belongs to: every instance of a
   /// template reuses the first one's offsets.
   int instance = -1;
+  /// A parameter split over ep (and its gradient): its leading dimension is this rank's
+  /// experts, `shape[0]` of them starting at `ep coordinate x shape[0]` (set per rank
+  /// at emission).
+  bool expertSplit = false;
+  /// Rows that are room for this many times the rows expected (an expert-parallel rank's
+  /// received rows: any rank may send it all its rows); FLOP counts use the expected ones.
+  int64_t rowsRoom = 1;
 };
 
 struct ProgramStep {
   std::string kernel; // "linear", "linear.backward", "accumulate_grad", ...
-  /// Set for a collective ("all_reduce"; kernel is empty): the mesh axes it runs over
-  /// ("dp", "dp+ep"); inputs[i] pairs with outputs[i].
+  /// Set for a collective (kernel is empty): "all_reduce" (inputs[i] pairs with
+  /// outputs[i]), "expert_dispatch" or "expert_combine" (plan.proto's operand layouts), and
+  /// the mesh axes it runs over ("dp", "dp+ep", "ep").
   std::string collective, axis;
   std::vector<int> inputs, outputs;
   mlir::DictionaryAttr attrs;

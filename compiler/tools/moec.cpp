@@ -15,6 +15,7 @@
 #include "compiler/frontend/ImportModel.h"
 #include "compiler/pipelines/Pipelines.h"
 #include "compiler/plan/EmitPlan.h"
+#include "compiler/plan/MeshReport.h"
 #include "compiler/plan/Report.h"
 #include "dialects/moe/MeshShape.h"
 #include "dialects/moe/MoeOps.h"
@@ -137,8 +138,9 @@ int runCompile(int argc, char **argv) {
                                           "until the plan fits"));
   cl::opt<std::string> meshText(
       "mesh", cl::value_desc("dp=N,tp=N,pp=N,ep=N"),
-      cl::desc("Device mesh: the plan holds one program per rank (dp only so far); --micro-batch "
-               "is per rank"));
+      cl::desc("Device mesh: the plan holds one program per rank (dp and ep so far; --micro-batch "
+               "is per rank); with --emit=report, per-GPU memory and communication by simulation "
+               "for any mesh"));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -208,7 +210,10 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.fuse = !noFuse;
   options.fuseChunkTokens = fuseChunkTokens;
-  if (!mesh.single())
+  // A report on a mesh is a simulation from the single-rank program (any mesh, tp and pp
+  // included); a plan is compiled for the mesh itself.
+  bool meshReport = emit == Action::Report && !mesh.single();
+  if (!mesh.single() && !meshReport)
     options.mesh = mesh.str();
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
@@ -258,6 +263,10 @@ int runCompile(int argc, char **argv) {
     output->os() << moec::plan::planToText(*plan);
   else
     moec::compiler::printReport(model, *program, output->os());
+  if (meshReport) {
+    output->os() << "\n";
+    moec::compiler::printMeshReport(model, *program, mesh, moec::compiler::kH200Bytes, output->os());
+  }
   output->keep();
   return 0;
 }

@@ -73,6 +73,8 @@ bool RouterOp::backwardUsesResults() { return true; }
 
 // The saved per-row logsumexp spares the backward a reduction over every row of logits.
 bool LMHeadCrossEntropyOp::backwardUsesResults() { return true; }
+// The way back needs the layout the exchange made (rows per source and expert).
+bool AllToAllDispatchOp::backwardUsesResults() { return true; }
 
 bool WeightOp::isGradientSource() {
   ParamOp param = lookupParam(*this);
@@ -168,9 +170,10 @@ LogicalResult ParamGradOp::verifySymbolUses(SymbolTableCollection &symbols) {
   if (!param.getTrainable())
     return emitOpError("parameter '") << getParam()
                                       << "' is frozen; only trainable parameters have gradients";
-  if (param.getType() != getGrad().getType())
+  // A parameter split over the mesh has a gradient of this rank's part.
+  if (param.getLocalType() != getGrad().getType())
     return emitOpError("gradient type ") << getGrad().getType() << " differs from parameter '"
-                                         << getParam() << "' of type " << param.getType();
+                                         << getParam() << "' of type " << param.getLocalType();
   return success();
 }
 

@@ -6,6 +6,8 @@
 
 #include "dialects/moe/MoeOps.h"
 
+#include "dialects/moe/MeshShape.h"
+
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/FunctionImplementation.h"
@@ -35,6 +37,27 @@ ShardingAttr ParamOp::getShardingOrReplicated() {
   if (auto sharding = getShardingAttr())
     return sharding;
   return ShardingAttr::getReplicated(getContext());
+}
+
+RankedTensorType ParamOp::getLocalType() {
+  RankedTensorType type = getTensorType();
+  ShardingAttr sharding = getShardingAttr();
+  auto model = (*this)->getParentOfType<ModelOp>();
+  auto meshText = model ? model->getAttrOfType<StringAttr>("mesh") : StringAttr();
+  if (!sharding || sharding.isReplicated() || !meshText)
+    return type;
+  MeshShape mesh;
+  std::string error;
+  if (!MeshShape::parse(meshText.str(), mesh, error))
+    return {};
+  SmallVector<int64_t> shape(type.getShape());
+  for (auto [d, axis] : llvm::enumerate(sharding.getDims())) {
+    int64_t parts = mesh.axisSize(axis.str());
+    if (shape[d] % parts != 0)
+      return {};
+    shape[d] /= parts;
+  }
+  return RankedTensorType::get(shape, type.getElementType());
 }
 
 LogicalResult ParamOp::verify() {
@@ -77,9 +100,14 @@ LogicalResult WeightOp::verifySymbolUses(SymbolTableCollection &symbols) {
   if (!param)
     return emitOpError("'") << getParam() << "' does not name a moe.param in the enclosing "
                             << table->getName();
-  if (param.getType() != getType())
+  RankedTensorType local = param.getLocalType();
+  if (!local)
+    return emitOpError("parameter '") << getParam() << "' of type " << param.getType()
+                                      << " does not split evenly over the model's mesh";
+  if (local != getType())
     return emitOpError("type ") << getType() << " differs from parameter '" << getParam()
-                                << "' of type " << param.getType();
+                                << "' of type " << local
+                                << (local == param.getType() ? "" : " (this rank's part)");
   return success();
 }
 

@@ -71,7 +71,9 @@ def Moe_ParamOp : Moe_Op<"param", [Symbol]> {
     stacked expert tensor contains `{expert}` and has the experts as its
     leading dimension (bound from one checkpoint tensor per expert). A
     parameter is frozen unless `trainable` is set. `sharding` says how its
-    dimensions split over the mesh (replicated when absent).
+    dimensions split over the mesh (replicated when absent); the type is the
+    whole tensor, and the `moe.weight` that reads it has the type of one
+    rank's part (the model's `mesh` attribute gives the axis sizes).
 
     ```mlir
     moe.param @q_proj "model.layers.{layer}.self_attn.q_proj.weight" : tensor<4096x2048xbf16>
@@ -101,6 +103,10 @@ def Moe_ParamOp : Moe_Op<"param", [Symbol]> {
     bool isPerExpert() { return getTensorName().contains("{expert}"); }
     /// The sharding, replicated when none is set.
     ShardingAttr getShardingOrReplicated();
+    /// The part one rank holds: each dimension the sharding splits divided by the size of
+    /// its axis in the enclosing model's `mesh`; the whole type when replicated or without
+    /// a mesh. Fails (null) when a dimension does not divide evenly.
+    ::mlir::RankedTensorType getLocalType();
   }];
 }
 
@@ -531,7 +537,8 @@ def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
   let summary = "Every expert's MLP over its rows of the dispatched tokens (grouped GEMM).";
   let description = [{
     Rows `[offset_e, offset_e + counts[e])` of `tokens` go through expert
-    `e`. With `gate` (`[E, I, D]`): `down(act(gate x) * up x)`; without:
+    `e`; rows past the counted ones (an expert-parallel rank's received rows
+    have room for every row any rank could send) are zero in the result. With `gate` (`[E, I, D]`): `down(act(gate x) * up x)`; without:
     `down(act(up x))` (relu² experts). Weights stack the experts in their
     leading dimension in the checkpoint's `[out, in]` layout: `up: [E, I,
     D]`, `down: [E, D, I]`. gpt-oss stores `[in, out]` with gate and up
@@ -770,14 +777,70 @@ def Moe_AllReduceGradsOp : Moe_Op<"all_reduce_grads"> {
     model-level parameters, after the whole backward). One op per layer is
     one bucket, so the reduction of layer i can run while layer i-1's
     backward computes. `axis` names mesh axes joined by `+` ("dp",
-    "dp+ep": a replicated parameter sees the tokens of both).
+    "dp+ep": a replicated parameter sees the tokens of both). With
+    `experts`, the bucket holds only the gradients of parameters split over
+    `ep` (summed over `dp`: each expert-parallel rank owns its experts);
+    without, only the others.
 
     ```mlir
-    moe.all_reduce_grads {axis = "dp", layer = 3 : i64}
+    moe.all_reduce_grads {axis = "dp+ep", layer = 3 : i64}
+    moe.all_reduce_grads {axis = "dp", experts, layer = 3 : i64}
     ```
   }];
-  let arguments = (ins StrAttr:$axis, I64Attr:$layer);
+  let arguments = (ins StrAttr:$axis, I64Attr:$layer, UnitAttr:$experts);
   let assemblyFormat = "attr-dict";
+}
+
+// Pure: a function of its operands when every rank runs it (they all run the same program),
+// so a backward that does not read it drops it like any other forward op.
+def Moe_AllToAllDispatchOp : Moe_Op<"all_to_all_dispatch", [Pure,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["backwardUsesResults"]>]> {
+  let summary = "Sends each dispatched row to the rank that holds its expert (expert parallel).";
+  let description = [{
+    The `ranks` ranks of `axis` each hold `E / ranks` consecutive experts
+    (rank j: experts `[j E/ranks, (j+1) E/ranks)`). `tokens: [N, D]` are this
+    rank's rows grouped by global expert with `counts: [E]` (what
+    `moe.dispatch` makes); every row goes to its expert's rank. Results:
+    `received: [ranks N, D]`, this rank's experts' rows grouped by local
+    expert and, within an expert, by source rank (room for every row of every
+    rank; rows past the sum of `local_counts` are zero), `local_counts:
+    [E / ranks]`, and `source_counts: [ranks, E / ranks]`, rows per (source,
+    local expert), which `moe.all_to_all_combine` needs to send results back.
+    Its backward is that combine on the gradients.
+
+    ```mlir
+    %recv, %local, %sources = moe.all_to_all_dispatch %tokens, %counts {axis = "ep", ranks = 2 : i64}
+        : (tensor<?x64xf32>, tensor<8xi64>) -> (tensor<?x64xf32>, tensor<4xi64>, tensor<2x4xi64>)
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$tokens, RankedTensorOf<[I64]>:$counts, StrAttr:$axis, I64Attr:$ranks);
+  let results = (outs Moe_Tensor:$received, RankedTensorOf<[I64]>:$local_counts,
+                 RankedTensorOf<[I64]>:$source_counts);
+  let assemblyFormat = "$tokens `,` $counts attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Moe_AllToAllCombineOp : Moe_Op<"all_to_all_combine", [Pure,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface>]> {
+  let summary = "Returns expert outputs to the ranks their rows came from (expert parallel).";
+  let description = [{
+    The inverse of `moe.all_to_all_dispatch`: `rows: [ranks N, D]` in the
+    received layout (`source_counts: [ranks, E / ranks]`) go back to their
+    source ranks; the result `[N, D]` is this rank's rows in its dispatch
+    order (`counts: [E]`, grouped by global expert), ready for
+    `moe.combine`. Its backward sends the gradients out again the way the
+    dispatch did, with the layout already known.
+
+    ```mlir
+    %back = moe.all_to_all_combine %y, %sources, %counts {axis = "ep", ranks = 2 : i64}
+        : (tensor<?x64xf32>, tensor<2x4xi64>, tensor<8xi64>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$rows, RankedTensorOf<[I64]>:$source_counts,
+                   RankedTensorOf<[I64]>:$counts, StrAttr:$axis, I64Attr:$ranks);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$rows `,` $source_counts `,` $counts attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
 }
 
 #endif // DIALECTS_MOE_MOEOPS_TD_

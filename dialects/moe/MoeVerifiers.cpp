@@ -562,4 +562,34 @@ LogicalResult LMHeadCrossEntropyOp::verify() {
   return success();
 }
 
+LogicalResult AllToAllDispatchOp::verify() {
+  Checker c(*this);
+  int64_t ranks = getRanks(), experts = tensorType(getCounts()).getDimSize(0);
+  if (ranks < 1 || experts % ranks != 0)
+    return emitOpError("needs ranks >= 1 dividing the ") << experts << " experts, got " << ranks;
+  return success(c.rank("tokens", getTokens(), 2) && c.rank("counts", getCounts(), 1) &&
+                 c.rank("received", getReceived(), 2) &&
+                 c.sameDim("tokens", getTokens(), 1, "received", getReceived(), 1) &&
+                 c.sameElementType("tokens", getTokens(), "received", getReceived()) &&
+                 c.rank("local_counts", getLocalCounts(), 1) &&
+                 c.dim("local_counts", getLocalCounts(), 0, experts / ranks, "experts per rank") &&
+                 c.rank("source_counts", getSourceCounts(), 2) &&
+                 c.dim("source_counts", getSourceCounts(), 0, ranks, "ranks") &&
+                 c.dim("source_counts", getSourceCounts(), 1, experts / ranks, "experts per rank"));
+}
+
+LogicalResult AllToAllCombineOp::verify() {
+  Checker c(*this);
+  int64_t ranks = getRanks(), experts = tensorType(getCounts()).getDimSize(0);
+  if (ranks < 1 || experts % ranks != 0)
+    return emitOpError("needs ranks >= 1 dividing the ") << experts << " experts, got " << ranks;
+  return success(c.rank("rows", getRows(), 2) && c.rank("counts", getCounts(), 1) &&
+                 c.rank("source_counts", getSourceCounts(), 2) &&
+                 c.dim("source_counts", getSourceCounts(), 0, ranks, "ranks") &&
+                 c.dim("source_counts", getSourceCounts(), 1, experts / ranks, "experts per rank") &&
+                 c.rank("result", getResult(), 2) &&
+                 c.sameDim("rows", getRows(), 1, "result", getResult(), 1) &&
+                 c.sameElementType("rows", getRows(), "result", getResult()));
+}
+
 } // namespace moec::moe

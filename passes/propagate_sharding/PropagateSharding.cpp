@@ -1,4 +1,4 @@
-//===- PropagateSharding.cpp - the mesh and its collectives ---------------===//
+//===- PropagateSharding.cpp - the mesh and the expert all-to-all ---------===//
 
 #include "passes/propagate_sharding/PropagateSharding.h"
 
@@ -14,13 +14,6 @@ namespace {
 
 using namespace mlir;
 
-/// Whether running `layer` accumulates any parameter gradient.
-bool accumulatesGradients(moe::LayerOp layer) {
-  return layer.getBody()
-      .walk([](moe::ParamGradOp) { return WalkResult::interrupt(); })
-      .wasInterrupted();
-}
-
 struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateShardingPass> {
   using PropagateShardingPassBase::PropagateShardingPassBase;
 
@@ -32,65 +25,76 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       model.emitError("--moe-propagate-sharding: mesh '") << mesh << "': " << error;
       return signalPassFailure();
     }
-    for (const char *axis : {"tp", "pp", "ep"})
+    for (const char *axis : {"tp", "pp"})
       if (shape.axisSize(axis) > 1) {
         model.emitError("--moe-propagate-sharding: mesh '")
-            << mesh << "': " << axis << " > 1 is not supported yet (only dp)";
+            << mesh << "': " << axis << " > 1 is not supported yet (dp and ep are)";
         return signalPassFailure();
       }
+    if (SymbolTable::lookupSymbolIn(model, "train_step")) {
+      model.emitError("--moe-propagate-sharding: runs before --moe-build-training-step (the step "
+                      "differentiates through the collectives); the model already has @train_step");
+      return signalPassFailure();
+    }
+    if (model->hasAttr("mesh")) {
+      model.emitError("--moe-propagate-sharding: the model is placed already (mesh = ")
+          << model->getAttr("mesh") << ")";
+      return signalPassFailure();
+    }
     OpBuilder b(model.getContext());
     model->setAttr("mesh", b.getStringAttr(shape.str()));
-    if (shape.single())
-      return;
+    if (shape.ep > 1 && failed(splitExperts(model, shape.ep)))
+      return signalPassFailure();
+  }
 
-    auto step = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
-    if (!step) {
-      model.emitError("--moe-propagate-sharding: no func.func @train_step; run "
-                      "--moe-build-training-step first");
-      return signalPassFailure();
+  /// Splits every expert MLP's parameters over ep and routes its rows through the all-to-all.
+  LogicalResult splitExperts(moe::ModelOp model, int64_t ranks) {
+    SmallVector<moe::ExpertMLPOp> mlps;
+    model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
+    if (mlps.empty()) {
+      model.emitError("--moe-propagate-sharding: ep = ") << ranks << " but the model has no routed experts";
+      return failure();
     }
-    Block &body = step.getBody().front();
-    if (body.getNumArguments() != 3) {
-      step.emitOpError("must take (ids, positions, labels) before sharding; it takes ")
-          << body.getNumArguments() << " arguments (is the model sharded already?)";
-      return signalPassFailure();
+    OpBuilder b(model.getContext());
+    StringAttr axis = b.getStringAttr("ep");
+    IntegerAttr ranksAttr = b.getI64IntegerAttr(ranks);
+    for (moe::ExpertMLPOp mlp : mlps) {
+      int64_t experts = mlp.getNumExperts();
+      if (experts % ranks != 0)
+        return mlp.emitOpError("has ") << experts << " experts, which do not split over ep = " << ranks;
+      if (mlp.getUpLoraA() || mlp.getGateLoraA() || mlp.getDownLoraA())
+        return mlp.emitOpError("has expert adapters: with ep > 1 their PEFT export would need every "
+                               "rank's experts, which is not supported yet (use ep = 1 or no --expert-lora)");
+      // Every parameter operand after tokens and counts stacks the experts in dim 0.
+      for (Value operand : mlp->getOperands().drop_front(2)) {
+        auto weight = operand.getDefiningOp<moe::WeightOp>();
+        if (!weight)
+          return mlp.emitOpError("reads an expert tensor that is not a moe.weight; cannot split it over ep");
+        auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+        SmallVector<StringAttr> dims(param.getTensorType().getRank(), b.getStringAttr(""));
+        dims[0] = axis;
+        param.setShardingAttr(moe::ShardingAttr::get(b.getContext(), dims));
+        weight.getResult().setType(param.getLocalType());
+      }
+      auto dispatch = mlp.getTokens().getDefiningOp<moe::DispatchOp>();
+      if (!dispatch || dispatch.getCounts() != mlp.getCounts())
+        return mlp.emitOpError("does not read a moe.dispatch's tokens and counts; cannot route it over ep");
+      b.setInsertionPoint(mlp);
+      auto counts = cast<RankedTensorType>(mlp.getCounts().getType());
+      auto local = RankedTensorType::get({experts / ranks}, counts.getElementType());
+      auto sources = RankedTensorType::get({ranks, experts / ranks}, counts.getElementType());
+      auto exchange = b.create<moe::AllToAllDispatchOp>(
+          mlp.getLoc(), TypeRange{mlp.getTokens().getType(), local, sources}, mlp.getTokens(), mlp.getCounts(),
+          axis, ranksAttr);
+      mlp.getTokensMutable().assign(exchange.getReceived());
+      mlp.getCountsMutable().assign(exchange.getLocalCounts());
+      b.setInsertionPointAfter(mlp);
+      auto back = b.create<moe::AllToAllCombineOp>(mlp.getLoc(), mlp.getType(), mlp.getResult(),
+                                                   exchange.getSourceCounts(), dispatch.getCounts(), axis,
+                                                   ranksAttr);
+      mlp.getResult().replaceAllUsesExcept(back.getResult(), back);
     }
-    // The backward's seed: the one scalar fill. Each rank's share of the global loss
-    // weighs it (n_r / N), set by the runtime, so the seed becomes an argument.
-    SmallVector<moe::FillOp> seeds;
-    for (auto fill : body.getOps<moe::FillOp>())
-      if (cast<RankedTensorType>(fill.getType()).getRank() == 0)
-        seeds.push_back(fill);
-    if (seeds.size() != 1) {
-      step.emitOpError("needs exactly one scalar moe.fill (the loss seed) to weigh per rank; found ")
-          << seeds.size();
-      return signalPassFailure();
-    }
-    moe::FillOp seed = seeds.front();
-    if (failed(step.insertArgument(3, seed.getType(), /*argAttrs=*/{}, seed.getLoc())))
-      return signalPassFailure();
-    seed.replaceAllUsesWith(body.getArgument(3));
-    seed.erase();
-
-    // One gradient bucket per layer, right after that layer's backward.
-    StringAttr axis = b.getStringAttr("dp");
-    bool modelLevel = false;
-    for (Operation &op : llvm::make_early_inc_range(body)) {
-      if (isa<moe::ParamGradOp>(op))
-        modelLevel = true;
-      auto apply = dyn_cast<moe::ApplyLayerOp>(op);
-      if (!apply)
-        continue;
-      auto layer = dyn_cast_or_null<moe::LayerOp>(SymbolTable::lookupSymbolIn(model, apply.getCalleeAttr()));
-      if (!layer || !accumulatesGradients(layer))
-        continue;
-      b.setInsertionPointAfter(apply);
-      b.create<moe::AllReduceGradsOp>(apply.getLoc(), axis, apply.getIndexAttr());
-    }
-    if (modelLevel) {
-      b.setInsertionPoint(body.getTerminator());
-      b.create<moe::AllReduceGradsOp>(step.getLoc(), axis, b.getI64IntegerAttr(-1));
-    }
+    return success();
   }
 };
 

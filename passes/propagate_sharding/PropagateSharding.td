@@ -6,55 +6,51 @@
 include "mlir/Pass/PassBase.td"
 
 def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp"> {
-  let summary = "Places the training step on a device mesh and inserts the collectives it needs.";
+  let summary = "Places the model on a device mesh and inserts the collectives its forward needs.";
   let description = [{
-    Runs after `--moe-build-training-step`. The model gets a `mesh`
-    attribute (`"dp=2"`); every rank then runs the same `@train_step` on its
-    own `micro-batch` sequences (the global batch is `dp` times larger).
+    Runs before `--moe-build-training-step` (the training step then
+    differentiates through the collectives: each knows its backward), and
+    `--moe-sync-gradients` runs after it. The model gets a `mesh` attribute
+    (`"dp=2,ep=2"`); every rank runs the same program on its own sequences.
 
-    Data parallel (`dp`): what one rank would compute on the global batch is
-    the sum over ranks of each rank's share. The loss is the mean over the
-    global batch's counted tokens, so rank r's part of it is
-    `n_r / N` of its own mean: the backward's seed, `moe.fill 1.0`, becomes
-    a fourth argument of `@train_step`, `loss_weight`, that the runtime sets
-    to `n_r / N` each step. After each layer's backward a
-    `moe.all_reduce_grads {axis = "dp", layer = i}` sums that layer's LoRA
-    gradients over the ranks (one bucket per layer, so the runtime may
-    overlap it with the next layer's backward); when model-level parameters
-    are trainable, one more with `layer = -1` after the backward covers them.
+    Data parallel (`dp`): nothing to change in the forward.
 
-    Tensor, pipeline and expert parallel (`tp`, `pp`, `ep` > 1) are not
-    supported yet: the pass fails and says so.
+    Expert parallel (`ep`): the routed experts split over the `ep` ranks,
+    `E / ep` consecutive experts each. Every parameter an `moe.expert_mlp`
+    reads (weights, biases, expert adapters) gets `sharding
+    #moe.sharding<[ep, ...]>` and its `moe.weight` the type of one rank's
+    part. Around the expert MLP, `moe.all_to_all_dispatch` sends each
+    dispatched row to its expert's rank (with this rank's counts per local
+    expert, and the layout the way back needs) and `moe.all_to_all_combine`
+    returns the results to the rows' ranks before `moe.combine`. Routing is
+    computed on every rank for its own tokens, so the router, dispatch and
+    combine are unchanged.
 
-    Before (`mesh=dp=2`):
+    Tensor and pipeline parallel (`tp`, `pp` > 1) are not supported yet: the
+    pass fails and says so; `moec compile --emit=report` estimates them.
+
+    Before (`mesh=ep=2`, 8 experts):
     ```mlir
-    func.func @train_step(%ids: tensor<?xi64>, %pos: tensor<?xi64>, %labels: tensor<?xi64>) -> tensor<f32> {
-      ...
-      %seed = moe.fill 1.0 : tensor<f32>
-      ...
-      %d1 = moe.apply_layer @block_bwd[1] (...)
-      %d0 = moe.apply_layer @block_bwd[0] (...)
-      return %loss : tensor<f32>
-    }
+    %up = moe.weight @experts_up : tensor<8x32x16xf32>
+    %tokens, %counts = moe.dispatch %x, %indices {num_experts = 8 : i64} : ...
+    %y = moe.expert_mlp %tokens, %counts, up %up, down %down gate %gate {...}
+    %out = moe.combine %y, %indices, %weights : ...
     ```
     After:
     ```mlir
-    func.func @train_step(%ids: tensor<?xi64>, %pos: tensor<?xi64>, %labels: tensor<?xi64>,
-                          %loss_weight: tensor<f32>) -> tensor<f32> {
-      ...
-      %d1 = moe.apply_layer @block_bwd[1] (...)
-      moe.all_reduce_grads {axis = "dp", layer = 1 : i64}
-      %d0 = moe.apply_layer @block_bwd[0] (...)
-      moe.all_reduce_grads {axis = "dp", layer = 0 : i64}
-      return %loss : tensor<f32>
-    }
+    %up = moe.weight @experts_up : tensor<4x32x16xf32>
+    %tokens, %counts = moe.dispatch %x, %indices {num_experts = 8 : i64} : ...
+    %recv, %local, %sources = moe.all_to_all_dispatch %tokens, %counts {axis = "ep", ranks = 2 : i64} : ...
+    %y = moe.expert_mlp %recv, %local, up %up, down %down gate %gate {...}
+    %back = moe.all_to_all_combine %y, %sources, %counts {axis = "ep", ranks = 2 : i64} : ...
+    %out = moe.combine %back, %indices, %weights : ...
     ```
   }];
   let options = [
     Option<"mesh", "mesh", "std::string", "\"\"",
-           "Mesh axes and sizes, e.g. dp=2 (empty: one rank)">,
+           "Mesh axes and sizes, e.g. dp=2,ep=2 (empty: one rank)">,
   ];
-  let dependentDialects = ["::moec::moe::MoeDialect", "::mlir::func::FuncDialect"];
+  let dependentDialects = ["::moec::moe::MoeDialect"];
 }
 
 #endif // PASSES_PROPAGATE_SHARDING_PROPAGATESHARDING_TD_

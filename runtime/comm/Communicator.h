@@ -46,6 +46,18 @@ public:
   /// in rank order. Counts must agree pairwise (what i sends to j is what j receives from i).
   virtual absl::Status allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
                                 const std::vector<size_t> &recvCounts, plan::DType dtype) = 0;
+  /// A run of `count` elements at element `offset` of a buffer, to or from rank `peer`.
+  struct Segment {
+    int peer;
+    size_t offset, count;
+  };
+  /// Grouped point-to-point: each of `sends` goes from `in` to its peer, each of `recvs`
+  /// lands in `out`. Between two ranks a and b, the i-th send from a to b pairs with b's
+  /// i-th receive from a, of the same count (a rank's own segments pair the same way and
+  /// are copies). `in` and `out` must not overlap. The expert exchange sends one segment
+  /// per (peer, expert) so rows land grouped by expert with no extra permutation.
+  virtual absl::Status exchange(const void *in, const std::vector<Segment> &sends, void *out,
+                                const std::vector<Segment> &recvs, plan::DType dtype) = 0;
   /// `count` elements of root's `data` into every rank's `data`.
   virtual absl::Status broadcast(void *data, size_t count, plan::DType dtype, int root) = 0;
   /// Waits until every rank of the group arrives here.

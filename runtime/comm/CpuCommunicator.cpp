@@ -22,7 +22,8 @@ public:
 
   struct Published {
     const void *in = nullptr;
-    const std::vector<size_t> *sendCounts = nullptr; // allToAll only
+    const std::vector<size_t> *sendCounts = nullptr;             // allToAll only
+    const std::vector<Communicator::Segment> *sends = nullptr;   // exchange only
   };
 
   /// Waits for all ranks; fails every waiter after the timeout, and every later
@@ -160,6 +161,41 @@ public:
     });
   }
 
+  absl::Status exchange(const void *in, const std::vector<Segment> &sends, void *out,
+                        const std::vector<Segment> &recvs, plan::DType dtype) override {
+    size_t element = elementBytes(dtype);
+    for (const std::vector<Segment> *list : {&sends, &recvs})
+      for (const Segment &s : *list)
+        if (s.peer < 0 || s.peer >= size())
+          return absl::InvalidArgumentError(absl::StrCat("exchange: peer ", s.peer, " of ", size(), " ranks"));
+    group->published[me] = {in, nullptr, &sends};
+    if (absl::Status s = group->arrive("exchange"); !s.ok())
+      return s;
+    // Each receive from p takes p's next send to this rank; `out` is ours alone, and no
+    // rank writes any `in`, so the copies go straight in.
+    absl::Status matched = absl::OkStatus();
+    std::vector<size_t> next(size(), 0);
+    for (const Segment &r : recvs) {
+      const std::vector<Segment> &theirs = *group->published[r.peer].sends;
+      size_t &k = next[r.peer];
+      while (k < theirs.size() && theirs[k].peer != me)
+        ++k;
+      if (k == theirs.size() || theirs[k].count != r.count) {
+        matched = absl::InvalidArgumentError(absl::StrCat(
+            "exchange: rank ", me, " receives ", r.count, " elements from rank ", r.peer, ", which ",
+            k == theirs.size() ? std::string("sends it nothing more") : absl::StrCat("sends ", theirs[k].count)));
+        break;
+      }
+      std::memcpy(static_cast<char *>(out) + r.offset * element,
+                  static_cast<const char *>(group->published[r.peer].in) + theirs[k].offset * element,
+                  r.count * element);
+      ++k;
+    }
+    if (absl::Status s = group->arrive("exchange"); !s.ok())
+      return s;
+    return matched;
+  }
+
   absl::Status barrier() override { return group->arrive("barrier"); }
 
 private:
@@ -187,7 +223,7 @@ private:
   template <typename Compute>
   absl::Status exchange(const char *what, const void *in, const std::vector<size_t> *sendCounts, void *out,
                         std::vector<char> &result, Compute compute) {
-    group->published[me] = {in, sendCounts};
+    group->published[me] = {in, sendCounts, nullptr};
     if (absl::Status s = group->arrive(what); !s.ok())
       return s;
     absl::Status computed = compute();

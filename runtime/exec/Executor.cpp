@@ -382,6 +382,15 @@ absl::Status Executor::collective(const plan::Collective &collective) {
         "] needs a communicator per group: run every rank (moe-run --nproc ", plan->ranks_size(), ")"));
   }
   comm::Communicator &comm = *communicators[collective.group()];
+  if (collective.kind() == plan::Collective::EXPERT_DISPATCH ||
+      collective.kind() == plan::Collective::EXPERT_COMBINE) {
+    absl::Status s = expertExchange(collective, comm);
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat(plan::collectiveKindName(collective.kind()), " over ",
+                                                 rankProto->groups(collective.group()).axis(), " (", comm.name(),
+                                                 "): ", s.message()));
+    return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
+  }
   if (collective.kind() != plan::Collective::ALL_REDUCE)
     return absl::UnimplementedError(absl::StrCat("collective ", plan::Collective::Kind_Name(collective.kind()),
                                                  " is not run yet (only ALL_REDUCE)"));
@@ -393,6 +402,71 @@ absl::Status Executor::collective(const plan::Collective &collective) {
                                                  comm.name(), "): ", s.message()));
   }
   return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
+}
+
+absl::Status Executor::expertExchange(const plan::Collective &collective, comm::Communicator &comm) {
+  bool dispatch = collective.kind() == plan::Collective::EXPERT_DISPATCH;
+  bool exchangeCounts = dispatch && collective.inputs_size() == 2;
+  TensorRef rows = buffer(collective.inputs(0)), result = buffer(collective.outputs(0));
+  TensorRef counts = buffer(collective.inputs(dispatch ? 1 : 2));
+  TensorRef sources = buffer(exchangeCounts ? collective.outputs(2) : collective.inputs(dispatch ? 2 : 1));
+  int n = comm.size();
+  int64_t experts = counts.numel(), local = experts / n, width = rows.dim(1);
+  // The counts decide the sizes NCCL needs on the host: one synchronisation per exchange.
+  std::vector<int64_t> perExpert(static_cast<size_t>(experts)), perSource(static_cast<size_t>(n * local));
+  if (absl::Status s = dev->download(perExpert.data(), counts.data, perExpert.size() * sizeof(int64_t)); !s.ok())
+    return s;
+  if (exchangeCounts) {
+    // Rank j learns how many rows of each of its experts every rank sends it.
+    std::vector<size_t> blocks(static_cast<size_t>(n), static_cast<size_t>(local));
+    if (absl::Status s = comm.allToAll(counts.data, blocks, sources.data, blocks, plan::I64); !s.ok())
+      return s;
+  }
+  if (absl::Status s = dev->download(perSource.data(), sources.data, perSource.size() * sizeof(int64_t)); !s.ok())
+    return s;
+  if (exchangeCounts) {
+    std::vector<int64_t> localCounts(static_cast<size_t>(local), 0);
+    for (int src = 0; src < n; ++src)
+      for (int64_t e = 0; e < local; ++e)
+        localCounts[e] += perSource[src * local + e];
+    TensorRef out = buffer(collective.outputs(1));
+    if (absl::Status s = dev->upload(out.data, localCounts.data(), localCounts.size() * sizeof(int64_t)); !s.ok())
+      return s;
+  }
+  // Rank side: rows grouped by global expert, expert g on rank g / local. Expert side: rows
+  // grouped by local expert, then by source rank.
+  using Segment = comm::Communicator::Segment;
+  std::vector<Segment> rankSide, expertSide;
+  size_t at = 0;
+  for (int64_t g = 0; g < experts; ++g) {
+    rankSide.push_back({static_cast<int>(g / local), at * width, static_cast<size_t>(perExpert[g] * width)});
+    at += static_cast<size_t>(perExpert[g]);
+  }
+  std::vector<size_t> firstOf(static_cast<size_t>(n * local));
+  at = 0;
+  for (int64_t e = 0; e < local; ++e)
+    for (int src = 0; src < n; ++src) {
+      firstOf[src * local + e] = at;
+      at += static_cast<size_t>(perSource[src * local + e]);
+    }
+  for (int src = 0; src < n; ++src)
+    for (int64_t e = 0; e < local; ++e)
+      expertSide.push_back({src, firstOf[src * local + e] * width,
+                            static_cast<size_t>(perSource[src * local + e] * width)});
+  size_t rankRows = static_cast<size_t>((dispatch ? rows : result).dim(0));
+  size_t expertRows = static_cast<size_t>((dispatch ? result : rows).dim(0));
+  size_t sent = 0;
+  for (int64_t c : perExpert)
+    sent += static_cast<size_t>(c);
+  if (sent > rankRows || at > expertRows)
+    return absl::InternalError(absl::StrCat(sent, " rows of this rank and ", at, " rows of its experts do not fit ",
+                                            rankRows, " and ", expertRows, " rows"));
+  // Rows past the exchanged ones read as zero (the expert MLP skips them).
+  if (absl::Status s = dev->zero(result.data, static_cast<size_t>(result.numel()) * comm::elementBytes(result.dtype));
+      !s.ok())
+    return s;
+  return dispatch ? comm.exchange(rows.data, rankSide, result.data, expertSide, rows.dtype)
+                  : comm.exchange(rows.data, expertSide, result.data, rankSide, rows.dtype);
 }
 
 absl::Status Executor::setLossWeight(float weight) {

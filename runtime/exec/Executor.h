@@ -115,6 +115,9 @@ private:
   absl::Status roundEmulated(const std::vector<uint32_t> &ids);
   /// Runs a Collective step on its group's communicator.
   absl::Status collective(const plan::Collective &collective);
+  /// EXPERT_DISPATCH / EXPERT_COMBINE (plan.proto): the counts to the host, then one
+  /// segment per (rank, expert) so rows land grouped as the other side wants them.
+  absl::Status expertExchange(const plan::Collective &collective, comm::Communicator &comm);
 
   const plan::Plan *plan = nullptr;
   const plan::Rank *rankProto = nullptr;

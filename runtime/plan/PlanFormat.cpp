@@ -92,6 +92,10 @@ const char *collectiveKindName(Collective::Kind kind) {
     return "all_to_all";
   case Collective::BROADCAST:
     return "broadcast";
+  case Collective::EXPERT_DISPATCH:
+    return "expert_dispatch";
+  case Collective::EXPERT_COMBINE:
+    return "expert_combine";
   default:
     return "unknown";
   }

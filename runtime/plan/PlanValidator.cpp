@@ -636,6 +636,53 @@ private:
     }
   }
 
+  // The expert exchange's operand layouts (plan.proto, Collective).
+  void checkExpertExchange(const std::string &at, const Collective &collective,
+                           const std::vector<const Buffer *> &in, const std::vector<const Buffer *> &out,
+                           int64_t n) {
+    bool dispatch = collective.kind() == Collective::EXPERT_DISPATCH;
+    bool known = dispatch && in.size() == 3;
+    size_t wantOut = dispatch && !known ? 3 : 1;
+    if ((dispatch && in.size() != 2 && in.size() != 3) || (!dispatch && in.size() != 3) ||
+        out.size() != wantOut) {
+      problems.add(at, collectiveKindName(collective.kind()), " has ", in.size(), " inputs and ", out.size(),
+                   " outputs, expected ",
+                   dispatch ? "(rows, counts) -> (received, local_counts, source_counts) or (rows, counts, "
+                              "source_counts) -> (received)"
+                            : "(rows, source_counts, counts) -> (result)");
+      return;
+    }
+    for (const Buffer *b : in)
+      if (!b)
+        return;
+    for (const Buffer *b : out)
+      if (!b)
+        return;
+    auto dims = [](const Buffer *b) { return std::vector<int64_t>(b->shape().begin(), b->shape().end()); };
+    auto say = [&](const std::string &what) {
+      problems.add(at, collectiveKindName(collective.kind()), ": ", what);
+    };
+    // Rows: [N, D] on the rank's side, [n N, D] in the received layout.
+    const Buffer *rows = in[0], *wide = dispatch ? out[0] : in[0], *narrow = dispatch ? in[0] : out[0];
+    const Buffer *counts = dispatch ? in[1] : in[2];
+    const Buffer *sources = dispatch ? (known ? in[2] : out[2]) : in[1];
+    std::vector<int64_t> w = dims(wide), r = dims(narrow), c = dims(counts), sc = dims(sources);
+    if (rows->dtype() != out[0]->dtype())
+      say("rows and result differ in dtype");
+    if (w.size() != 2 || r.size() != 2 || w[1] != r[1] || w[0] != n * r[0])
+      say(absl::StrCat("rows are [", absl::StrJoin(r, ","), "] and [", absl::StrJoin(w, ","),
+                       "], expected [N, D] and [", n, " N, D] (group size ", n, ")"));
+    if (counts->dtype() != I64 || sources->dtype() != I64 || c.size() != 1 || c[0] % n != 0 ||
+        sc != std::vector<int64_t>{n, c.empty() ? 0 : c[0] / n})
+      say(absl::StrCat("counts [", absl::StrJoin(c, ","), "] and source_counts [", absl::StrJoin(sc, ","),
+                       "] must be i64 [E] and [", n, ", E / ", n, "] (E divisible by the group size)"));
+    if (dispatch && !known) {
+      std::vector<int64_t> local = dims(out[1]);
+      if (out[1]->dtype() != I64 || local != std::vector<int64_t>{c.empty() ? 0 : c[0] / n})
+        say(absl::StrCat("local_counts is [", absl::StrJoin(local, ","), "], expected i64 [E / ", n, "]"));
+    }
+  }
+
   // inputs[i] pairs with outputs[i]; their sizes follow from the kind and
   // the group size, which is what the runtime passes to NCCL as counts.
   void checkCollective(int s, const std::string &at, const Collective &collective) {
@@ -645,7 +692,8 @@ private:
                    Collective::Kind_IsValid(collective.kind())
                        ? collectiveKindName(collective.kind())
                        : absl::StrCat("unknown (", collective.kind(), ")"),
-                   ", expected all_reduce, all_gather, reduce_scatter, all_to_all or broadcast");
+                   ", expected all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, "
+                   "expert_dispatch or expert_combine");
     int64_t groupSize = 0;
     if (collective.group() >= static_cast<uint32_t>(rank.groups_size())) {
       problems.add(at, "collective.group is ", collective.group(), ", expected < the number of groups (",
@@ -656,9 +704,11 @@ private:
         summary.collectives[collective.group()].push_back({collective.kind(), s});
       }
     }
+    bool exchange = collective.kind() == Collective::EXPERT_DISPATCH ||
+                    collective.kind() == Collective::EXPERT_COMBINE;
     if (collective.inputs_size() == 0)
       problems.add(at, "collective.inputs is empty");
-    if (collective.inputs_size() != collective.outputs_size())
+    if (!exchange && collective.inputs_size() != collective.outputs_size())
       problems.add(at, "collective has ", collective.inputs_size(), " inputs and ", collective.outputs_size(),
                    " outputs, expected as many outputs as inputs (inputs[i] -> outputs[i])");
     std::vector<const Buffer *> inputs, outputs;
@@ -671,6 +721,10 @@ private:
     }
     if (!kindOk || groupSize == 0)
       return;
+    if (exchange) {
+      checkExpertExchange(at, collective, inputs, outputs, groupSize);
+      return;
+    }
     for (size_t i = 0; i < std::min(inputs.size(), outputs.size()); ++i) {
       const Buffer *in = inputs[i], *out = outputs[i];
       if (!in || !out)

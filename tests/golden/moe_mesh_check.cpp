@@ -1,11 +1,12 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
-//   moe-mesh-check DIR --mesh dp=2 [--dtype float32|bfloat16] [--cpu-threads N]
+//   moe-mesh-check DIR --mesh dp=2,ep=2 [--dtype float32|bfloat16] [--cpu-threads N]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
-// golden.safetensors). Compiles the config twice with the adapter's
-// settings: for one rank on the golden batch, and for the mesh with the
-// batch split over its data-parallel ranks (--micro-batch batch / dp). Runs
+// golden.safetensors). The batch is the golden sequences, repeated until it
+// splits over the mesh's dp x ep data shards. Compiles the config twice with
+// the adapter's settings: for one rank on the whole batch, and for the mesh
+// with the batch split over its shards (--micro-batch batch / (dp ep)). Runs
 // the single rank, then every rank of the mesh as a thread of this process
 // (the CPU communicator), each on its own sequences, from the golden adapter:
 // three AdamW steps (lr 1e-3, constant, no clipping). Prints one line per
@@ -16,6 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -60,7 +62,8 @@ struct Run {
 /// Three steps of `plan`'s rank `rank` on rows [first, first + rows) of the batch.
 Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensors &adapter,
           const std::vector<int64_t> &ids, const std::vector<int64_t> &labels, int64_t seq, int64_t first,
-          int64_t rows, int threads, comm::Communicator *world) {
+          int64_t rows, int threads, const std::vector<comm::Communicator *> &groups,
+          comm::Communicator *world) {
   Run run;
   auto fail = [&](const absl::Status &s) {
     run.status = absl::Status(s.code(), "rank " + std::to_string(rank) + ": " + std::string(s.message()));
@@ -75,9 +78,8 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
     return fail(executor.status());
   if (absl::Status s = (*executor)->bindWeights(**checkpoint); !s.ok())
     return fail(s);
-  if (world && plan.ranks_size() > 1)
-    if (absl::Status s = (*executor)->setCommunicators({world}); !s.ok())
-      return fail(s);
+  if (absl::Status s = (*executor)->setCommunicators(groups); !s.ok())
+    return fail(s);
   Trainer trainer(**executor);
   trainer.setWorld(world);
   if (absl::Status s = trainer.setAdapter(adapter); !s.ok())
@@ -136,13 +138,19 @@ int main(int argc, char **argv) {
   const weights::TensorInfo *labelsInfo = (*golden)->find("labels");
   if (!idsInfo || !labelsInfo || idsInfo->shape.size() != 2 || labelsInfo->shape != idsInfo->shape)
     return fail(dir + "/golden.safetensors: input_ids and labels [batch, seq] are missing");
-  int64_t batch = idsInfo->shape[0], seq = idsInfo->shape[1];
-  if (batch % mesh.dp != 0)
-    return fail("the golden batch of " + std::to_string(batch) + " sequences does not split over dp=" +
-                std::to_string(mesh.dp));
-  std::vector<int64_t> ids(static_cast<size_t>(batch * seq)), labels(ids.size());
-  std::memcpy(ids.data(), (*golden)->data(*idsInfo).data(), ids.size() * sizeof(int64_t));
-  std::memcpy(labels.data(), (*golden)->data(*labelsInfo).data(), labels.size() * sizeof(int64_t));
+  int64_t goldenBatch = idsInfo->shape[0], seq = idsInfo->shape[1];
+  std::vector<int64_t> goldenIds(static_cast<size_t>(goldenBatch * seq)), goldenLabels(goldenIds.size());
+  std::memcpy(goldenIds.data(), (*golden)->data(*idsInfo).data(), goldenIds.size() * sizeof(int64_t));
+  std::memcpy(goldenLabels.data(), (*golden)->data(*labelsInfo).data(), goldenLabels.size() * sizeof(int64_t));
+  // Data shards: every dp and ep rank trains on its own sequences.
+  int64_t shards = mesh.dp * mesh.ep;
+  int64_t batch = goldenBatch % shards == 0 ? goldenBatch : goldenBatch * shards;
+  std::vector<int64_t> ids, labels;
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t from = (b % goldenBatch) * seq;
+    ids.insert(ids.end(), goldenIds.begin() + from, goldenIds.begin() + from + seq);
+    labels.insert(labels.end(), goldenLabels.begin() + from, goldenLabels.begin() + from + seq);
+  }
 
   Tensors adapter;
   auto adapterFile = weights::SafetensorsFile::open(dir + "/adapter/adapter_model.safetensors");
@@ -173,29 +181,47 @@ int main(int argc, char **argv) {
     return plan::loadPlan(tempDir + "/" + name);
   };
   absl::StatusOr<plan::Plan> single = compile("single.moeplan", batch, "");
-  absl::StatusOr<plan::Plan> sharded = compile("mesh.moeplan", batch / mesh.dp, mesh.str());
+  absl::StatusOr<plan::Plan> sharded = compile("mesh.moeplan", batch / shards, mesh.str());
   std::filesystem::remove_all(tempDir);
   if (!single.ok())
     return fail(std::string(single.status().message()));
   if (!sharded.ok())
     return fail(std::string(sharded.status().message()));
   int world = sharded->ranks_size();
-  std::printf("%s: mesh %s (%d ranks as threads) against one rank, %s storage\n", dir.c_str(),
-              mesh.str().c_str(), world, dtype.c_str());
+  std::printf("%s: mesh %s (%d ranks as threads) against one rank, %lld sequences, %s storage\n", dir.c_str(),
+              mesh.str().c_str(), world, static_cast<long long>(batch), dtype.c_str());
 
-  Run reference = train(*single, 0, dir, adapter, ids, labels, seq, 0, batch, static_cast<int>(threads), nullptr);
+  Run reference = train(*single, 0, dir, adapter, ids, labels, seq, 0, batch, static_cast<int>(threads), {},
+                        nullptr);
   if (!reference.status.ok())
     return fail("the single-rank run: " + std::string(reference.status.message()));
   std::vector<Run> ranks(static_cast<size_t>(world));
   {
-    auto group = comm::makeCpuGroup(world, /*timeoutSeconds=*/120);
+    // One thread group per communicator the plan names (its axis and ranks), and the world.
+    std::map<std::vector<int32_t>, std::shared_ptr<comm::CpuGroup>> groups;
+    for (const plan::Rank &rank : sharded->ranks())
+      for (const plan::Group &g : rank.groups()) {
+        std::vector<int32_t> members(g.ranks().begin(), g.ranks().end());
+        if (!groups.count(members))
+          groups[members] = comm::makeCpuGroup(static_cast<int>(members.size()), /*timeoutSeconds=*/120);
+      }
+    auto worldGroup = comm::makeCpuGroup(world, /*timeoutSeconds=*/120);
     std::vector<std::thread> threadsOfRanks;
     for (int r = 0; r < world; ++r)
       threadsOfRanks.emplace_back([&, r] {
-        std::unique_ptr<comm::Communicator> comm = comm::makeCpuCommunicator(group, r);
-        int64_t rows = batch / mesh.dp, first = mesh.coordinate(r, "dp") * rows;
+        std::vector<std::unique_ptr<comm::Communicator>> owned;
+        std::vector<comm::Communicator *> byGroup;
+        for (const plan::Group &g : sharded->ranks(r).groups()) {
+          std::vector<int32_t> members(g.ranks().begin(), g.ranks().end());
+          int index = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+          owned.push_back(comm::makeCpuCommunicator(groups.at(members), index));
+          byGroup.push_back(owned.back().get());
+        }
+        std::unique_ptr<comm::Communicator> all = comm::makeCpuCommunicator(worldGroup, r);
+        int64_t rows = batch / shards;
+        int64_t first = (mesh.coordinate(r, "dp") * mesh.ep + mesh.coordinate(r, "ep")) * rows;
         ranks[r] = train(*sharded, r, dir, adapter, ids, labels, seq, first, rows, static_cast<int>(threads),
-                         comm.get());
+                         byGroup, all.get());
       });
     for (std::thread &t : threadsOfRanks)
       t.join();

@@ -1,36 +1,48 @@
-// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=2}))' | FileCheck %s
-// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=1}))' | FileCheck %s --check-prefix=SINGLE
-// RUN: moe-opt %inputs/tiny.mlir --moe-lora-training='seq-len=8 mesh=dp=4' | FileCheck %s --check-prefix=PIPELINE
-// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=ep=2}))' 2>&1 | FileCheck %s --check-prefix=EP
-// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
-// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=NOSTEP
-// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=2},moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=TWICE
+// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2}))' | FileCheck %s
+// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2}))' | FileCheck %s --check-prefix=DP
+// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2},moe-build-training-step))' | FileCheck %s --check-prefix=STEP
+// RUN: moe-opt %inputs/tiny.mlir --moe-lora-training='seq-len=8 mesh=dp=2,ep=2' | FileCheck %s --check-prefix=PIPELINE
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=AFTER
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2},moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=TWICE
 
-// Data parallel: the model records the mesh; the loss seed becomes the step's fourth argument
-// (this rank's share of the global loss), and each layer's gradients are summed over dp right
-// after that layer's backward, in backward order.
-// CHECK: moe.model @tiny attributes {{{.*}}mesh = "dp=2"
-// CHECK: func.func @train_step(%{{.*}}: tensor<?xi64>, %{{.*}}: tensor<?xi64>, %{{.*}}: tensor<?xi64>, %[[WEIGHT:.*]]: tensor<f32>) -> tensor<f32>
-// CHECK-NOT: moe.fill
-// CHECK: moe.backward "moe.cross_entropy"({{.*}}) grads(%[[WEIGHT]])
-// CHECK: moe.apply_layer @block_bwd[1]
-// CHECK-NEXT: moe.all_reduce_grads {axis = "dp", layer = 1 : i64}
-// CHECK-NEXT: moe.apply_layer @block_bwd[0]
-// CHECK-NEXT: moe.all_reduce_grads {axis = "dp", layer = 0 : i64}
-// The frozen embedding and head: no model-level bucket.
-// CHECK-NEXT: return
+// Expert parallel: the expert parameters split over ep (their weights are one rank's two of
+// the four experts), and the expert MLP reads the rows the all-to-all brought, with this
+// rank's counts; its results go back before the combine.
+// CHECK: moe.model @tiny attributes {mesh = "ep=2"}
+// CHECK: moe.param @router {{.*}} : tensor<4x16xf32>{{$}}
+// CHECK: moe.param @up {{.*}} : tensor<4x8x16xf32> sharding #moe.sharding<[ep, _, _]>
+// CHECK: moe.param @down {{.*}} : tensor<4x16x8xf32> sharding #moe.sharding<[ep, _, _]>
+// CHECK: %[[TOK:.*]], %[[CNT:.*]] = moe.dispatch %{{.*}}, %{{.*}} {num_experts = 4 : i64}
+// CHECK: %[[UP:.*]] = moe.weight @up : tensor<2x8x16xf32>
+// CHECK: %[[DOWN:.*]] = moe.weight @down : tensor<2x16x8xf32>
+// CHECK: %[[RECV:.*]], %[[LOCAL:.*]], %[[SRC:.*]] = moe.all_to_all_dispatch %[[TOK]], %[[CNT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<4xi64>) -> (tensor<?x16xf32>, tensor<2xi64>, tensor<2x2xi64>)
+// CHECK: %[[Y:.*]] = moe.expert_mlp %[[RECV]], %[[LOCAL]], up %[[UP]], down %[[DOWN]]
+// CHECK: %[[BACK:.*]] = moe.all_to_all_combine %[[Y]], %[[SRC]], %[[CNT]] {axis = "ep", ranks = 2 : i64}
+// CHECK: moe.combine %[[BACK]],
 
-// One rank: the mesh is recorded, the step is unchanged.
-// SINGLE: moe.model @tiny attributes {{{.*}}mesh = "dp=1"
-// SINGLE: func.func @train_step(%{{.*}}: tensor<?xi64>, %{{.*}}: tensor<?xi64>, %{{.*}}: tensor<?xi64>) -> tensor<f32>
-// SINGLE: moe.fill 1.000000e+00 : tensor<f32>
-// SINGLE-NOT: moe.all_reduce_grads
+// Data parallel only: the mesh, nothing else.
+// DP: moe.model @tiny attributes {mesh = "dp=2"}
+// DP-NOT: sharding
+// DP-NOT: all_to_all
 
-// The pipeline runs the pass after the training step when given a mesh.
-// PIPELINE: mesh = "dp=4"
-// PIPELINE: moe.all_reduce_grads {axis = "dp", layer = 1 : i64}
+// The training step differentiates through the exchange: the backward sends the gradients
+// back the way results came (the dispatch's backward reads its layout), and the combine's
+// backward sends them out again.
+// STEP-LABEL: moe.layer @block_bwd
+// STEP: moe.backward "moe.all_to_all_combine"
+// STEP: moe.backward "moe.expert_mlp"
+// STEP: moe.backward "moe.all_to_all_dispatch"({{.*}}) outputs(
 
-// EP: error: --moe-propagate-sharding: mesh 'ep=2': ep > 1 is not supported yet (only dp)
+// The pipeline places the model before the step and sums gradients after it.
+// PIPELINE: mesh = "dp=2,ep=2"
+// PIPELINE: moe.all_to_all_dispatch
+// PIPELINE: moe.all_reduce_grads {axis = "dp+ep", layer = 1 : i64}
+
+// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp and ep are)
+// UNEVEN: error: 'moe.expert_mlp' op has 4 experts, which do not split over ep = 3
 // BAD: error: --moe-propagate-sharding: mesh 'dp=x': size of dp must be a whole number >= 1, not 'x'
-// NOSTEP: error: --moe-propagate-sharding: no func.func @train_step; run --moe-build-training-step first
-// TWICE: error: 'func.func' op must take (ids, positions, labels) before sharding; it takes 4 arguments (is the model sharded already?)
+// AFTER: error: --moe-propagate-sharding: runs before --moe-build-training-step (the step differentiates through the collectives); the model already has @train_step
+// TWICE: error: --moe-propagate-sharding: the model is placed already (mesh = "dp=2")

@@ -182,9 +182,11 @@ Experts parseExperts(const KernelContext &ctx, const OperandGroups &ops) {
       ctx.fail("counts[" + std::to_string(e) + "] is negative");
     m.offset[e + 1] = m.offset[e] + counts.index(e);
   }
-  if (m.offset[m.experts] != m.rows)
-    ctx.fail("counts add up to " + std::to_string(m.offset[m.experts]) + " rows, tokens has " +
-             std::to_string(m.rows));
+  // Fewer counted rows than tokens: an expert-parallel rank's received rows, sized for
+  // every row any rank could send; the rest are zero in the result.
+  if (m.offset[m.experts] > m.rows)
+    ctx.fail("counts add up to " + std::to_string(m.offset[m.experts]) + " rows, more than the " +
+             std::to_string(m.rows) + " rows of tokens");
   return m;
 }
 
@@ -388,6 +390,7 @@ void expertMlpForward(KernelContext &ctx) {
     if (m.downLora)
       addLora(m, m.downLora, he, n, m.inter, e, m.features, z.data(), ye);
   }
+  std::fill(y + m.offset[m.experts] * m.features, y + m.rows * m.features, 0.0f);
 }
 
 void expertMlpBackward(KernelContext &ctx) {
@@ -443,6 +446,8 @@ void expertMlpBackward(KernelContext &ctx) {
       projectionBackward(m, m.gate, m.gateLora, gateGrad, x, dg.data(), zGate.data(), e, n,
                          m.features, m.inter, dz.data(), dxe, 1.0f);
   }
+  if (dx)
+    std::fill(dx + m.offset[m.experts] * m.features, dx + m.rows * m.features, 0.0f);
 }
 
 } // namespace moec::runtime::cpu::routing

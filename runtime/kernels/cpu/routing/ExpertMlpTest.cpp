@@ -174,6 +174,16 @@ void expectMatches(ExpertCase c) {
 // Qwen3-MoE / Mixtral / DeepSeek experts.
 TEST(ExpertMlp, SiluGated) { expectMatches(baseCase("silu", true, 1)); }
 
+// Rows past the counted ones (expert parallel's received rows): zero in the result, no
+// effect on any gradient, zero in the tokens' gradient.
+TEST(ExpertMlp, UncountedRowsAreZeroWithLora) {
+  ExpertCase c = baseCase("silu", true, 2);
+  c.padding = 3;
+  c.x = randomValues(c.rows() * c.features, 3);
+  addLora(c, true, true, true, 4);
+  expectMatches(c);
+}
+
 // Nemotron-H (LatentMoE) experts: down(relu(up x)^2).
 TEST(ExpertMlp, Relu2Ungated) {
   expectMatches(awayFromKinks([](uint64_t seed) { return baseCase("relu2", false, seed); }, 11));
@@ -277,7 +287,7 @@ TEST(ExpertMlpErrors, BadLaunchesNameTheProblem) {
   {
     KernelCall call = expertCall(baseCase("silu", true, 101));
     call.inputsRef()[1] = indexTensor(plan::I64, {3}, {4, 1, 3});
-    expectFailure(call, "counts add up to 8 rows, tokens has 7");
+    expectFailure(call, "counts add up to 8 rows, more than the 7 rows of tokens");
   }
   {
     KernelCall call = expertCall(baseCase("gelu_tanh", true, 102));

@@ -153,7 +153,7 @@ KernelCall routerCall(const RouterCase &c) {
 }
 
 int64_t ExpertCase::rows() const {
-  return std::accumulate(counts.begin(), counts.end(), int64_t(0));
+  return std::accumulate(counts.begin(), counts.end(), int64_t(0)) + padding;
 }
 
 namespace {
@@ -234,6 +234,7 @@ Values naiveExperts(const ExpertCase &c) {
       Values y = naiveExpertRow(c, e, c.x.data() + row * c.features);
       out.insert(out.end(), y.begin(), y.end());
     }
+  out.resize(out.size() + c.padding * c.features, 0.0);
   return out;
 }
 

@@ -66,6 +66,9 @@ struct ExpertCase {
   Values upBias, downBias;                     // empty = absent
   Values gateA, gateB, upA, upB, downA, downB; // empty = no adapter
 
+  /// Rows past the counted ones (an expert-parallel rank's room for received rows): random
+  /// in x, zero in the result and in x's gradient.
+  int64_t padding = 0;
   int64_t rows() const;
   int64_t upOut() const { return fusedGateUp ? 2 * inter : inter; }
 };

@@ -12,7 +12,8 @@
 // weight gradients are written as zero.
 //
 // Invalid counts: the host cannot see the counts without a synchronisation,
-// so the CPU's checks (non-negative, adding up to the tokens' rows) run on the
+// so the CPU's checks (non-negative, adding up to at most the tokens' rows; rows
+// past the counted ones are zero in the results) run on the
 // device in the offsets kernel. An invalid count is a device-side fault: the
 // kernel printf's the expert and count (or the sum) and executes __trap(). The
 // context's sticky CUDA error surfaces at the next synchronisation, where the
@@ -251,11 +252,33 @@ __global__ void offsetsKernel(IndexIn counts, int64_t experts, int64_t rows, int
     carry = total;
     __syncthreads(); // warpSums is rewritten next round
   }
-  if (threadIdx.x == 0 && carry != rows) {
-    printf("expert_mlp: counts add up to %lld rows, tokens has %lld\n",
+  if (threadIdx.x == 0 && carry > rows) {
+    printf("expert_mlp: counts add up to %lld rows, more than the %lld rows of tokens\n",
            static_cast<long long>(carry), static_cast<long long>(rows));
     __trap();
   }
+}
+
+/// Blocks for a grid-stride loop over n elements.
+unsigned gridFor(int64_t n) { return std::min<unsigned>(blocksFor(n, kThreads), 1u << 20); }
+
+/// Zeroes rows [offsets[experts], rows) of y [rows, width]: rows past the counted ones (an
+/// expert-parallel rank's received rows are sized for every row any rank could send).
+__global__ void zeroUncountedRowsKernel(float *y, const int64_t *offsets, int64_t experts, int64_t rows,
+                                        int64_t width) {
+  int64_t first = offsets[experts] * width, total = rows * width;
+  for (int64_t i = first + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = 0.0f;
+}
+
+void zeroUncountedRows(const KernelContext &ctx, const Experts &m, float *y, int64_t width,
+                       const int64_t *offsets) {
+  if (m.rows * width == 0)
+    return;
+  zeroUncountedRowsKernel<<<gridFor(m.rows * width), kThreads, 0, streamOf(ctx)>>>(y, offsets, m.experts,
+                                                                                 m.rows, width);
+  checkLaunch(ctx, "expert_mlp: uncounted rows");
 }
 
 /// The E + 1 row offsets on the device (from the device counts, checked there).
@@ -404,7 +427,6 @@ __global__ void activationGradKernel(ActParams a, const float *p, const float *g
   }
 }
 
-unsigned gridFor(int64_t n) { return std::min<unsigned>(blocksFor(n, kThreads), 1u << 20); }
 
 /// db[e, c] = Σ over expert e's rows of dy[row, c] (in row order, double);
 /// zero for an expert without rows.
@@ -546,6 +568,7 @@ void expertMlpForward(KernelContext &ctx) {
     DeviceBuffer z(ctx, type, R * m.downLora.rank);
     addLora(ctx, m, g, type, s.downA, s.downB, m.downLora.rank, f.h.get(), I, D, z.get(), y);
   }
+  zeroUncountedRows(ctx, m, y, D, g.offsets);
   if (yScratch.get())
     convertFloats(ctx, y, plan::F32, result.data, result.dtype, R * D);
 }
@@ -631,6 +654,8 @@ void expertMlpBackward(KernelContext &ctx) {
                        dg.get(), f.zGate.get(), D, I, dz.get(), dx, 1.0f);
   for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
     t->finish(ctx);
+  if (dx)
+    zeroUncountedRows(ctx, m, dx, D, off);
   if (dxScratch.get())
     convertFloats(ctx, dx, plan::F32, dTokens->data, dTokens->dtype, R * D);
 }

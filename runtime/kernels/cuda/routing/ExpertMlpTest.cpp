@@ -373,11 +373,22 @@ TEST(CudaExpertMlpDeathTest, NegativeCountFaults) {
   }
 }
 
-TEST(CudaExpertMlpDeathTest, CountsNotAddingUpToTheRowsFault) {
+TEST(CudaExpertMlpDeathTest, CountsAddingUpToMoreThanTheRowsFault) {
   ExpertCase c = baseCase("silu", true, 211);
   KernelCall call = expertCall(c);
-  call.inputsRef()[1] = indexTensor(plan::I32, {3}, {4, 0, 2}); // 6 of 7 rows
+  call.inputsRef()[1] = indexTensor(plan::I32, {3}, {4, 0, 4}); // 8 of 7 rows
   expectDeviceFault(std::move(call));
+}
+
+// Rows past the counted ones (expert parallel's received rows) are zero in the result and
+// in the tokens' gradient, as on the CPU; outputs start poisoned, so this checks they are
+// written.
+TEST(CudaExpertMlp, UncountedRowsAreZeroWithLora) {
+  ExpertCase c = raggedCase("silu", true, {13, 0, 40, 7}, 36, 20, 221);
+  c.padding = 131;
+  c.x = randomBf16(c.rows() * c.features, 222);
+  addLora(c, true, true, true, 223, 4);
+  expectBoth(c);
 }
 
 // Launch checks on the host (no GPU needed). The counts are checked on the

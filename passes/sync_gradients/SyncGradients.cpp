@@ -1,0 +1,105 @@
+//===- SyncGradients.cpp - gradients summed over ranks --------------------===//
+
+#include "passes/sync_gradients/SyncGradients.h"
+
+#include "dialects/moe/MeshShape.h"
+#include "mlir/IR/Builders.h"
+
+namespace moec::passes {
+
+#define GEN_PASS_DEF_SYNCGRADIENTSPASS
+#include "passes/sync_gradients/SyncGradients.h.inc"
+
+namespace {
+
+using namespace mlir;
+
+/// Which kinds of parameter gradients running `layer` accumulates: replicated ones, and
+/// ones split over ep.
+struct Accumulates {
+  bool replicated = false, experts = false;
+};
+
+Accumulates accumulatedBy(moe::LayerOp layer) {
+  Accumulates out;
+  layer.getBody().walk([&](moe::ParamGradOp grad) {
+    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(grad, grad.getParamAttr());
+    bool split = param && !param.getShardingOrReplicated().isReplicated();
+    (split ? out.experts : out.replicated) = true;
+  });
+  return out;
+}
+
+struct SyncGradientsPass : impl::SyncGradientsPassBase<SyncGradientsPass> {
+  using SyncGradientsPassBase::SyncGradientsPassBase;
+
+  void runOnOperation() override {
+    moe::ModelOp model = getOperation();
+    moe::MeshShape mesh;
+    auto text = model->getAttrOfType<StringAttr>("mesh");
+    std::string error;
+    if (!text)
+      return; // not placed on a mesh: one rank
+    if (!moe::MeshShape::parse(text.str(), mesh, error)) {
+      model.emitError("--moe-sync-gradients: mesh '") << text.str() << "': " << error;
+      return signalPassFailure();
+    }
+    if (mesh.single())
+      return;
+    auto step = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
+    if (!step) {
+      model.emitError("--moe-sync-gradients: no func.func @train_step; run --moe-build-training-step first");
+      return signalPassFailure();
+    }
+    Block &body = step.getBody().front();
+    if (body.getNumArguments() != 3) {
+      step.emitOpError("must take (ids, positions, labels) before --moe-sync-gradients; it takes ")
+          << body.getNumArguments() << " arguments (did the pass run already?)";
+      return signalPassFailure();
+    }
+    // The backward's seed: the one scalar fill. Each rank's share of the global loss
+    // weighs it (n_r / N), set by the runtime, so the seed becomes an argument.
+    SmallVector<moe::FillOp> seeds;
+    for (auto fill : body.getOps<moe::FillOp>())
+      if (cast<RankedTensorType>(fill.getType()).getRank() == 0)
+        seeds.push_back(fill);
+    if (seeds.size() != 1) {
+      step.emitOpError("needs exactly one scalar moe.fill (the loss seed) to weigh per rank; found ")
+          << seeds.size();
+      return signalPassFailure();
+    }
+    moe::FillOp seed = seeds.front();
+    if (failed(step.insertArgument(3, seed.getType(), /*argAttrs=*/{}, seed.getLoc())))
+      return signalPassFailure();
+    seed.replaceAllUsesWith(body.getArgument(3));
+    seed.erase();
+
+    // One bucket per layer (and kind of parameter), right after that layer's backward.
+    OpBuilder b(model.getContext());
+    bool replicatedOverRanks = mesh.dp * mesh.ep > 1, expertsOverRanks = mesh.dp > 1;
+    auto reduce = [&](Location loc, IntegerAttr layer, Accumulates what) {
+      if (what.replicated && replicatedOverRanks)
+        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp+ep"), layer, UnitAttr());
+      if (what.experts && expertsOverRanks)
+        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp"), layer, b.getUnitAttr());
+    };
+    Accumulates modelLevel;
+    for (Operation &op : llvm::make_early_inc_range(body)) {
+      if (auto grad = dyn_cast<moe::ParamGradOp>(op))
+        modelLevel.replicated = true; // model-level parameters are never split
+      auto apply = dyn_cast<moe::ApplyLayerOp>(op);
+      if (!apply)
+        continue;
+      auto layer = dyn_cast_or_null<moe::LayerOp>(SymbolTable::lookupSymbolIn(model, apply.getCalleeAttr()));
+      if (!layer)
+        continue;
+      b.setInsertionPointAfter(apply);
+      reduce(apply.getLoc(), apply.getIndexAttr(), accumulatedBy(layer));
+    }
+    b.setInsertionPoint(body.getTerminator());
+    reduce(step.getLoc(), b.getI64IntegerAttr(-1), modelLevel);
+  }
+};
+
+} // namespace
+} // namespace moec::passes
