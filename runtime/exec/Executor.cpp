@@ -347,8 +347,17 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
       if (profile)
         profile->add(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     } else if (step.has_collective()) {
-      if (absl::Status status = collective(step.collective()); !status.ok())
+      if (timeCollectives)
+        if (absl::Status synced = dev->synchronize(); !synced.ok())
+          return absl::InternalError(absl::StrCat(stepName(s, step), " on ", dev->name(), ": ", synced.message()));
+      auto start = std::chrono::steady_clock::now();
+      absl::Status status = collective(step.collective());
+      if (status.ok() && timeCollectives)
+        status = dev->synchronize();
+      if (!status.ok())
         return absl::Status(status.code(), absl::StrCat(stepName(s, step), ": ", status.message()));
+      if (timeCollectives)
+        collectiveTime += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (afterStep)
       afterStep(s);

@@ -97,6 +97,14 @@ public:
   const plan::Plan &planProto() const { return *plan; }
   Device &device() { return *dev; }
   void setSyncEachStep(bool sync) { syncEachStep = sync; }
+  /// Times the collectives of the next runs: waits for the device before and after each,
+  /// so the sum is the step's exposed communication (the plan orders everything on one
+  /// stream). Resets the sum.
+  void setTimeCollectives(bool on) {
+    timeCollectives = on;
+    collectiveTime = 0;
+  }
+  double collectiveSeconds() const { return collectiveTime; }
 
 private:
   Executor() = default;
@@ -130,6 +138,8 @@ private:
   std::vector<comm::Communicator *> communicators; // by group index
   std::map<std::string, uint32_t> byName;
   bool syncEachStep = false;
+  bool timeCollectives = false;
+  double collectiveTime = 0;
 };
 
 } // namespace moec::runtime

@@ -43,6 +43,8 @@ public:
     auto it = values.find(name);
     return it == values.end() ? otherwise : it->second;
   }
+  /// Replaces a flag's value (a launcher handing its ranks a resolved choice).
+  void set(const std::string &name, const std::string &value) { values[name] = value; }
   bool has(const std::string &name) {
     used.insert(name);
     return values.count(name) > 0;

@@ -2,13 +2,20 @@
 //
 //   moe-run train --plan P (--model DIR | --random-weights SEED) --data FILE [--out DIR] [--steps N] [--adapter DIR]
 //                 [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]
-//                 [--backend cpu|cuda|auto]
+//                 [--backend cpu|cuda|auto] [--nproc N]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
-//   moe-run bench --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]
+//   moe-run bench --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N] [--nproc N]
 //   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
 //
 // Runs plans that `moec compile` wrote, on the CPU or a GPU. Never links MLIR:
 // `init` without --plan asks moec (next to this binary, or $MOEC) for one.
+//
+// A plan for several ranks (moec --mesh) runs one rank per GPU process: under
+// torchrun, Slurm or Open MPI (their variables say which rank this is), or
+// with `--nproc N`, which starts the N local processes itself. On the CPU,
+// `--nproc N` runs the ranks as threads of this process. Rank 0 prints and
+// writes the checkpoint, metrics and adapter; every rank reads its own share of
+// each global batch (micro_batch sequences of the plan per data shard).
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +32,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -40,6 +48,7 @@
 #include "runtime/plan/PlanIO.h"
 #include "runtime/tools/Args.h"
 #include "runtime/tools/Moec.h"
+#include "runtime/tools/Ranks.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/weights/Checkpoint.h"
 
@@ -74,19 +83,31 @@ int64_t vocabularySize(const moec::plan::Plan &plan) {
 }
 
 /// The backend a run executes on; `auto` takes the GPU when there is one and says which it took.
-absl::StatusOr<std::unique_ptr<Device>> openDevice(const std::string &backend, int threads) {
+/// Which rank of the plan this call runs, and how it reaches the others.
+struct RankSetup {
+  int rank = 0, world = 1;
+  int gpu = 0;                             // the CUDA ordinal: LOCAL_RANK for process ranks
+  CpuRanks *threads = nullptr;             // thread ranks of this process
+  std::optional<comm::LaunchEnv> process;  // a process rank (NCCL)
+  bool lead() const { return rank == 0; }
+};
+
+/// How long a rank waits for the others (NCCL and CPU collectives, the store).
+constexpr double kRankTimeoutSeconds = 600;
+
+absl::StatusOr<std::unique_ptr<Device>> openDevice(const std::string &backend, int threads, int gpu) {
   if (backend == "cpu")
     return makeCpuDevice(threads);
   if (backend == "cuda")
-    return cuda::makeCudaDevice(0);
+    return cuda::makeCudaDevice(gpu);
   if (backend == "auto") {
-    absl::StatusOr<std::unique_ptr<Device>> gpu = cuda::makeCudaDevice(0);
-    if (gpu.ok()) {
-      std::cerr << "moe-run: --backend auto: " << (*gpu)->name() << "\n";
-      return gpu;
+    absl::StatusOr<std::unique_ptr<Device>> device = cuda::makeCudaDevice(gpu);
+    if (device.ok()) {
+      std::cerr << "moe-run: --backend auto: " << (*device)->name() << "\n";
+      return device;
     }
     std::unique_ptr<Device> cpu = makeCpuDevice(threads);
-    std::string why(gpu.status().message());
+    std::string why(device.status().message());
     why = why.substr(0, why.find("; use --backend cpu")); // the advice is what auto just did
     std::cerr << "moe-run: --backend auto: " << cpu->name() << " (" << why << ")\n";
     return cpu;
@@ -100,12 +121,14 @@ struct Session {
   std::unique_ptr<Device> device;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Trainer> trainer;
+  RankLinks links; // after the executor: its collectives hold these communicators
+  int rank = 0;
 };
 
 /// Random weights made on the device itself (fill_random per weight buffer), as
 /// transformers would initialise them; no files for real-size models.
 absl::Status randomWeights(Session &session, uint64_t seed, double initializerRange) {
-  const moec::plan::Rank &rank = session.plan.ranks(0);
+  const moec::plan::Rank &rank = session.plan.ranks(session.rank);
   for (const moec::plan::WeightBinding &binding : rank.weights()) {
     std::string name = binding.tensor();
     google::protobuf::Map<std::string, moec::plan::Attr> attrs;
@@ -122,7 +145,7 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
   return session.device->synchronize();
 }
 
-absl::Status openSession(Args &args, Session &session) {
+absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
   std::string planPath = args.get("plan"), modelDir = args.get("model"), random = args.get("random-weights");
   if (planPath.empty() || (modelDir.empty() == random.empty()))
     return absl::InvalidArgumentError("--plan PLAN and either --model DIR or --random-weights SEED are required");
@@ -130,18 +153,42 @@ absl::Status openSession(Args &args, Session &session) {
   if (!plan.ok())
     return plan.status();
   session.plan = std::move(*plan);
+  if (session.plan.ranks_size() != setup.world)
+    return absl::InvalidArgumentError(absl::StrCat(
+        planPath, " is for ", session.plan.ranks_size(), " ranks (mesh ", session.plan.mesh().dp(), "x",
+        session.plan.mesh().tp(), "x", session.plan.mesh().pp(), "x", session.plan.mesh().ep(), "), this run has ",
+        setup.world, ": ", session.plan.ranks_size() > 1 ? "start it with --nproc " : "run it without --nproc",
+        session.plan.ranks_size() > 1 ? std::to_string(session.plan.ranks_size()) : std::string(),
+        session.plan.ranks_size() > 1 ? " (or a launcher: torchrun, srun, mpirun)" : ""));
+  session.rank = setup.rank;
   int64_t threads = 0;
   std::string error;
-  if (!args.integer("threads", 0, threads, error))
+  // Thread ranks share the cores.
+  int64_t defaultThreads = setup.threads ? std::max<int64_t>(1, std::thread::hardware_concurrency() / setup.world) : 0;
+  if (!args.integer("threads", defaultThreads, threads, error))
     return absl::InvalidArgumentError(error);
-  absl::StatusOr<std::unique_ptr<Device>> device = openDevice(args.get("backend", "cpu"), static_cast<int>(threads));
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      openDevice(args.get("backend", "cpu"), static_cast<int>(threads), setup.gpu);
   if (!device.ok())
     return device.status();
   session.device = std::move(*device);
-  absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::create(session.plan, 0, *session.device);
+  absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::create(session.plan, setup.rank, *session.device);
   if (!executor.ok())
     return absl::Status(executor.status().code(), absl::StrCat(planPath, ": ", executor.status().message()));
   session.executor = std::move(*executor);
+  if (setup.world > 1) {
+    if (setup.threads) {
+      session.links = setup.threads->links(setup.rank);
+    } else {
+      absl::StatusOr<RankLinks> links =
+          connectNccl(session.plan, *setup.process, session.device->stream(), kRankTimeoutSeconds);
+      if (!links.ok())
+        return links.status();
+      session.links = std::move(*links);
+    }
+    if (absl::Status s = session.executor->setCommunicators(session.links.groups); !s.ok())
+      return s;
+  }
   if (!random.empty()) {
     int64_t seed = 0;
     double range = 0.02;
@@ -162,7 +209,32 @@ absl::Status openSession(Args &args, Session &session) {
       return bound;
   }
   session.trainer = std::make_unique<Trainer>(*session.executor);
+  session.trainer->setWorld(session.links.everyone);
   return absl::OkStatus();
+}
+
+/// Whether any rank wants to stop (an interrupt reaches ranks at different steps; they
+/// must all stop at the same one, or the others wait in a collective).
+absl::StatusOr<bool> anyRankStops(Session &session, bool mine) {
+  if (session.plan.ranks_size() == 1)
+    return mine;
+  absl::StatusOr<double> stops = session.trainer->sumOverRanks(mine ? 1 : 0, moec::plan::I64);
+  if (!stops.ok())
+    return stops.status();
+  return *stops > 0;
+}
+
+/// The data shard a rank trains on: dp and ep ranks each see their own sequences.
+int64_t dataShards(const moec::plan::Plan &plan) {
+  return std::max(1, plan.mesh().dp()) * std::max(1, plan.mesh().ep());
+}
+
+/// This rank's rows of a global batch (`shards` shards of `rows` sequences each).
+Batch shardOf(const data::Batch &global, int64_t shard, int64_t rows, int64_t seq) {
+  auto slice = [&](const std::vector<int64_t> &v) {
+    return std::vector<int64_t>(v.begin() + shard * rows * seq, v.begin() + (shard + 1) * rows * seq);
+  };
+  return {slice(global.inputIds), slice(global.positions), slice(global.labels)};
 }
 
 /// The adapter in `dir`, checked against the plan's LoRA tensors.
@@ -244,12 +316,13 @@ void onSignal(int signal) {
   }
 }
 
-int runTrain(Args &args) {
+int runTrain(Args &args, const RankSetup &setup) {
   if (!args.positional.empty())
     return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
   Session session;
-  if (absl::Status s = openSession(args, session); !s.ok())
+  if (absl::Status s = openSession(args, session, setup); !s.ok())
     return fail(std::string(s.message()));
+  bool lead = setup.lead();
   std::string dataPath = args.get("data"), out = args.get("out", "moe-run-out");
   if (dataPath.empty())
     return fail("--data FILE is required (JSON Lines or a MOETOKS1 token file)");
@@ -270,8 +343,10 @@ int runTrain(Args &args) {
       data::Dataset::open(dataPath, vocabularySize(session.plan));
   if (!dataset.ok())
     return fail(std::string(dataset.status().message()));
+  // Every rank reads the same global batches and trains on its shard of each.
+  int64_t shards = dataShards(session.plan), shard = setup.rank % shards;
   data::LoaderOptions loaderOptions;
-  loaderOptions.microBatch = session.plan.micro_batch();
+  loaderOptions.microBatch = session.plan.micro_batch() * shards;
   loaderOptions.seqLen = session.plan.seq_len();
   loaderOptions.shuffle = !inOrder; // --in-order: the data's windows in file order (comparisons)
   loaderOptions.seed = static_cast<uint64_t>(seed);
@@ -281,7 +356,8 @@ int runTrain(Args &args) {
     return fail(std::string(loader.status().message()));
 
   std::error_code ec;
-  fs::create_directories(out, ec);
+  if (lead)
+    fs::create_directories(out, ec);
   if (ec)
     return fail("cannot create " + out + ": " + ec.message());
   std::string checkpointPath = out + "/checkpoint.safetensors";
@@ -294,20 +370,24 @@ int runTrain(Args &args) {
       return fail(checkpointPath + ": " + std::string(state.status().message()));
     if (absl::Status s = (*loader)->restore(*state); !s.ok())
       return fail(checkpointPath + ": " + std::string(s.message()));
-    std::cerr << "moe-run: resumed from " << checkpointPath << " at step " << session.trainer->step() << "\n";
+    if (lead)
+      std::cerr << "moe-run: resumed from " << checkpointPath << " at step " << session.trainer->step() << "\n";
   } else if (!adapterDir.empty()) {
     if (absl::Status s = loadAdapter(adapterDir, session); !s.ok())
       return fail(std::string(s.message()));
   } else if (absl::Status s = session.trainer->initAdapter(static_cast<uint64_t>(seed)); !s.ok()) {
     return fail(std::string(s.message()));
   }
+  // Rank 0 writes: every trained tensor is the same on every rank (replicated adapters).
   auto save = [&]() -> absl::Status {
+    if (!lead)
+      return absl::OkStatus();
     return session.trainer->saveCheckpoint(checkpointPath, {{"data_state", (*loader)->state().toString()}});
   };
 
   // Metrics end where the run resumes: lines of steps after the checkpoint are dropped.
-  std::string metricsPath = out + "/metrics.jsonl";
-  {
+  std::string metricsPath = lead ? out + "/metrics.jsonl" : "/dev/null";
+  if (lead) {
     std::vector<std::string> kept;
     std::ifstream previous(metricsPath);
     for (std::string line; resume && std::getline(previous, line);) {
@@ -322,13 +402,20 @@ int runTrain(Args &args) {
   std::ofstream metrics(metricsPath, std::ios::app);
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
-  int64_t tokensPerStep = session.plan.seq_len() * session.plan.micro_batch();
+  int64_t tokensPerStep = session.plan.seq_len() * session.plan.micro_batch() * shards;
   auto start = std::chrono::steady_clock::now();
   int64_t first = session.trainer->step();
-  while (session.trainer->step() < steps && !interrupted) {
+  while (session.trainer->step() < steps) {
+    absl::StatusOr<bool> stop = anyRankStops(session, interrupted);
+    if (!stop.ok())
+      return fail(std::string(stop.status().message()));
+    if (*stop) {
+      interrupted = true;
+      break;
+    }
     data::Batch batch = (*loader)->next();
-    absl::StatusOr<StepStats> stats =
-        session.trainer->trainStep({batch.inputIds, batch.positions, batch.labels});
+    absl::StatusOr<StepStats> stats = session.trainer->trainStep(
+        shardOf(batch, shard, session.plan.micro_batch(), session.plan.seq_len()));
     if (!stats.ok()) // the last checkpoint stays the one to resume from
       return fail(std::string(stats.status().message()));
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -349,7 +436,8 @@ int runTrain(Args &args) {
     metrics << "{\"step\":" << stats->step << ",\"loss\":" << stats->loss << ",\"lr\":" << stats->lr
             << ",\"grad_norm\":" << stats->gradNorm << ",\"tokens_per_s\":" << tokensPerSecond
             << ",\"expert_load\":{" << load << "}}" << std::endl; // flushed: tail -f, crashes
-    if (stats->step == first + 1 || stats->step % std::max<int64_t>(logEvery, 1) == 0 || stats->step == steps) {
+    if (lead &&
+        (stats->step == first + 1 || stats->step % std::max<int64_t>(logEvery, 1) == 0 || stats->step == steps)) {
       double eta = (steps - stats->step) * elapsed / std::max<int64_t>(done, 1);
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  eta %s\n",
                    static_cast<long long>(stats->step), static_cast<long long>(steps), stats->loss, stats->lr,
@@ -363,10 +451,13 @@ int runTrain(Args &args) {
   if (absl::Status s = save(); !s.ok())
     return fail(std::string(s.message()));
   if (interrupted) {
-    std::cerr << "moe-run: interrupted at step " << session.trainer->step() << "; checkpoint in "
-              << checkpointPath << " (continue with --resume)\n";
+    if (lead)
+      std::cerr << "moe-run: interrupted at step " << session.trainer->step() << "; checkpoint in "
+                << checkpointPath << " (continue with --resume)\n";
     return 130;
   }
+  if (!lead)
+    return 0;
   if (absl::Status s = exportAdapter(out + "/adapter", session); !s.ok())
     return fail(std::string(s.message()));
   std::cerr << "moe-run: trained " << session.trainer->step() << " steps\n"
@@ -380,7 +471,7 @@ int runForward(Args &args) {
   if (!args.positional.empty())
     return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
   Session session;
-  if (absl::Status s = openSession(args, session); !s.ok())
+  if (absl::Status s = openSession(args, session, RankSetup{}); !s.ok())
     return fail(std::string(s.message()));
   std::string dataPath = args.get("data"), adapterDir = args.get("adapter");
   int64_t batches = 0;
@@ -422,11 +513,11 @@ int runForward(Args &args) {
 
 /// Training steps on random tokens: the median step time, tokens/s and the plan's FLOPs per
 /// second (the compiler's count of each launch), after warm-up steps.
-int runBench(Args &args) {
+int runBench(Args &args, const RankSetup &setup) {
   if (!args.positional.empty())
     return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
   Session session;
-  if (absl::Status s = openSession(args, session); !s.ok())
+  if (absl::Status s = openSession(args, session, setup); !s.ok())
     return fail(std::string(s.message()));
   int64_t steps = 0, warmup = 0, seed = 0;
   std::string error;
@@ -440,7 +531,7 @@ int runBench(Args &args) {
   if (absl::Status s = session.trainer->initAdapter(static_cast<uint64_t>(seed)); !s.ok())
     return fail(std::string(s.message()));
   int64_t vocab = vocabularySize(session.plan), tokens = session.plan.seq_len() * session.plan.micro_batch();
-  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::mt19937_64 rng(static_cast<uint64_t>(seed) + static_cast<uint64_t>(setup.rank)); // each rank its own tokens
   Batch batch;
   for (int64_t t = 0; t < tokens; ++t) {
     batch.ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(vocab, 1))));
@@ -448,7 +539,7 @@ int runBench(Args &args) {
   }
   batch.labels = batch.ids;
   int64_t flops = 0;
-  for (const moec::plan::Step &step : session.plan.ranks(0).steps())
+  for (const moec::plan::Step &step : session.plan.ranks(setup.rank).steps())
     if (step.has_launch())
       flops += step.launch().flops();
   std::vector<double> times;
@@ -462,14 +553,35 @@ int runBench(Args &args) {
   }
   std::sort(times.begin(), times.end());
   double median = times[times.size() / 2];
+  // Exposed communication: one more step that waits for the device around each collective
+  // (the plan runs them on the compute stream, so their time adds to the step's).
+  std::string comm;
+  if (setup.world > 1) {
+    session.executor->setTimeCollectives(true);
+    auto start = std::chrono::steady_clock::now();
+    if (absl::StatusOr<StepStats> stats = session.trainer->trainStep(batch); !stats.ok())
+      return fail(std::string(stats.status().message()));
+    double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double inCollectives = session.executor->collectiveSeconds();
+    session.executor->setTimeCollectives(false);
+    char text[128];
+    std::snprintf(text, sizeof text, ", communication %.1f ms of a %.1f ms timed step (%.1f%%)",
+                  inCollectives * 1e3, step * 1e3, 100 * inCollectives / step);
+    comm = text;
+  }
+  if (!setup.lead())
+    return 0;
   char memory[64] = "";
   if (std::optional<uint64_t> used = session.device->memoryInUse())
     std::snprintf(memory, sizeof memory, ", device memory %.1f GiB", *used / double(1ull << 30));
-  std::printf("%s on %s: %lld tokens per step, median step %.1f ms over %lld steps (after %lld warm-up), "
-              "%.0f tokens/s, %.3g TFLOP/s of the plan's %.3g TFLOP per step%s\n",
-              session.plan.model().c_str(), session.device->name().c_str(), static_cast<long long>(tokens),
-              median * 1e3, static_cast<long long>(steps), static_cast<long long>(warmup), tokens / median,
-              flops / median / 1e12, flops / 1e12, memory);
+  std::string ranks = setup.world > 1 ? absl::StrCat(" (rank 0 of ", setup.world, ")") : "";
+  const char *perRank = setup.world > 1 ? " per rank" : "";
+  std::printf("%s on %s%s: %lld tokens per step%s, median step %.1f ms over %lld steps (after %lld "
+              "warm-up), %.0f tokens/s%s, %.3g TFLOP/s of the plan's %.3g TFLOP per step%s%s\n",
+              session.plan.model().c_str(), session.device->name().c_str(), ranks.c_str(),
+              static_cast<long long>(tokens), perRank, median * 1e3, static_cast<long long>(steps),
+              static_cast<long long>(warmup), tokens / median, perRank, flops / median / 1e12, flops / 1e12,
+              memory, comm.c_str());
   return 0;
 }
 
@@ -516,25 +628,100 @@ int runInit(Args &args) {
 
 } // namespace
 
+/// Runs `command` (train or bench) on every rank this process owns: one, a launcher's
+/// (torchrun, Slurm, Open MPI), or `--nproc N` local ones (processes on GPUs, threads on
+/// the CPU).
+int runRanks(int (*command)(Args &, const RankSetup &), int argc, char **argv) {
+  Args args(argc, argv, 2);
+  int64_t nproc = 1;
+  std::string error;
+  if (!args.integer("nproc", 1, nproc, error) || nproc < 1)
+    return fail(error.empty() ? "--nproc must be at least 1" : error);
+  absl::StatusOr<comm::LaunchEnv> env = comm::readLaunchEnv();
+  if (!env.ok())
+    return fail(std::string(env.status().message()));
+  if (env->worldSize > 1) { // a process rank: its GPU is LOCAL_RANK
+    if (args.has("nproc"))
+      return fail("--nproc starts local ranks; this process is already rank " + std::to_string(env->rank) +
+                  " of " + std::to_string(env->worldSize) + " (" + env->source + ")");
+    if (args.get("backend", "cpu") == "cpu")
+      return fail("rank " + std::to_string(env->rank) + " of " + std::to_string(env->worldSize) +
+                  ": launched ranks run on GPUs (--backend cuda); CPU ranks are threads: --nproc N");
+    RankSetup setup;
+    setup.rank = env->rank;
+    setup.world = env->worldSize;
+    setup.gpu = env->localRank;
+    setup.process = *env;
+    return command(args, setup);
+  }
+  if (nproc == 1)
+    return command(args, RankSetup{});
+  std::string backend = args.get("backend", "cpu");
+  int gpus = backend == "cpu" ? 0 : cuda::cudaDeviceCount();
+  if (backend == "cuda" && gpus < nproc)
+    return fail("--nproc " + std::to_string(nproc) + " needs as many GPUs; " + std::to_string(gpus) + " visible");
+  if (gpus >= nproc) { // one process per GPU; they find each other through a store here
+    std::vector<std::string> argvOfRanks;
+    for (int i = 0; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--nproc") {
+        ++i;
+        continue;
+      }
+      if (a.rfind("--nproc=", 0) == 0)
+        continue;
+      argvOfRanks.push_back(a == "auto" && i > 0 && std::string(argv[i - 1]) == "--backend" ? "cuda" : a);
+    }
+    return runLocalProcesses(static_cast<int>(nproc), argvOfRanks);
+  }
+  if (backend == "auto")
+    std::cerr << "moe-run: --backend auto: " << gpus << " GPU(s) for " << nproc
+              << " ranks; running them as CPU threads\n";
+  absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(args.get("plan"));
+  if (!plan.ok())
+    return fail(std::string(plan.status().message()));
+  CpuRanks hub(*plan, kRankTimeoutSeconds);
+  std::vector<int> codes(static_cast<size_t>(nproc), 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < nproc; ++r)
+    ranks.emplace_back([&, r] {
+      Args mine(argc, argv, 2);
+      mine.has("nproc");
+      if (backend == "auto")
+        mine.set("backend", "cpu");
+      RankSetup setup;
+      setup.rank = r;
+      setup.world = static_cast<int>(nproc);
+      setup.threads = &hub;
+      codes[r] = command(mine, setup);
+    });
+  for (std::thread &t : ranks)
+    t.join();
+  for (int code : codes)
+    if (code != 0)
+      return code;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   std::string command = argc > 1 ? argv[1] : "";
   Args args(argc, argv, 2);
   if (command == "train")
-    return runTrain(args);
+    return runRanks(runTrain, argc, argv);
   if (command == "forward")
     return runForward(args);
   if (command == "bench")
-    return runBench(args);
+    return runRanks(runBench, argc, argv);
   if (command == "init")
     return runInit(args);
   std::cerr << "usage: moe-run <command> [options]\n"
                "  train    --plan P (--model DIR | --random-weights SEED [--initializer-range R])\n"
                "           --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
                "           [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]\n"
-               "           [--backend cpu|cuda|auto]\n"
+               "           [--backend cpu|cuda|auto] [--nproc N]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
                "  bench    --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]\n"
-               "           [--backend cpu|cuda|auto] [--threads N]\n"
+               "           [--backend cpu|cuda|auto] [--threads N] [--nproc N]\n"
                "  init     CONFIG.json [--seed S] -o DIR [--plan P]\n";
   if (command.empty() || command == "--help" || command == "-h")
     return command.empty() ? 1 : 0;

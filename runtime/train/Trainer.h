@@ -57,6 +57,8 @@ public:
   /// The communicator over every rank of a sharded plan (not owned): each rank's loss
   /// weight needs the global count of scored tokens, and the loss is summed over ranks.
   void setWorld(comm::Communicator *world) { this->world = world; }
+  /// Sums one value (I64 or F32) over the world's ranks through device memory.
+  absl::StatusOr<double> sumOverRanks(double value, plan::DType dtype);
 
   /// Forward and backward for `batch` (this rank's sequences); gradients are left in the
   /// plan's buffers. For a sharded plan: the loss of the global batch, the same on every rank.
@@ -91,8 +93,6 @@ private:
   /// Positions of `labels` the loss scores (the loss kernels' rule: shifted within each
   /// sequence, ignore_index left out).
   int64_t scoredTokens(const std::vector<int64_t> &labels) const;
-  /// Sums one value over the world's ranks through device memory.
-  absl::StatusOr<double> sumOverRanks(double value, plan::DType dtype);
 
   Executor &executor;
   comm::Communicator *world = nullptr;

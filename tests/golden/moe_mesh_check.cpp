@@ -1,6 +1,6 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
-//   moe-mesh-check DIR --mesh dp=2,ep=2 [--dtype float32|bfloat16] [--cpu-threads N]
+//   moe-mesh-check DIR --mesh dp=2,ep=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
 // golden.safetensors). The batch is the golden sequences, repeated until it
@@ -8,7 +8,8 @@
 // the adapter's settings: for one rank on the whole batch, and for the mesh
 // with the batch split over its shards (--micro-batch batch / (dp ep)). Runs
 // the single rank, then every rank of the mesh as a thread of this process
-// (the CPU communicator), each on its own sequences, from the golden adapter:
+// (the CPU communicator; with --backend cuda, rank r on GPU r with NCCL, the
+// single rank on GPU 0), each on its own sequences, from the golden adapter:
 // three AdamW steps (lr 1e-3, constant, no clipping). Prints one line per
 // tensor comparing the mesh with the single rank: the loss before each step,
 // every LoRA gradient of the first step, every parameter after the three
@@ -29,11 +30,12 @@
 #include <unistd.h>
 
 #include "dialects/moe/MeshShape.h"
-#include "runtime/comm/CpuCommunicator.h"
+#include "runtime/backends/cuda/CudaDevice.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/plan/PlanIO.h"
 #include "runtime/tools/Args.h"
 #include "runtime/tools/Moec.h"
+#include "runtime/tools/Ranks.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/weights/Checkpoint.h"
 #include "runtime/weights/Safetensors.h"
@@ -60,16 +62,45 @@ struct Run {
 };
 
 /// Three steps of `plan`'s rank `rank` on rows [first, first + rows) of the batch.
+/// Where the ranks run: the CPU (threads), or GPU r for rank r (NCCL through a store here).
+struct Placement {
+  bool cuda = false;
+  int threads = 1, port = 0;
+  CpuRanks *cpu = nullptr;
+};
+
 Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensors &adapter,
           const std::vector<int64_t> &ids, const std::vector<int64_t> &labels, int64_t seq, int64_t first,
-          int64_t rows, int threads, const std::vector<comm::Communicator *> &groups,
-          comm::Communicator *world) {
+          int64_t rows, const Placement &where) {
   Run run;
   auto fail = [&](const absl::Status &s) {
     run.status = absl::Status(s.code(), "rank " + std::to_string(rank) + ": " + std::string(s.message()));
     return run;
   };
-  std::unique_ptr<Device> device = makeCpuDevice(threads);
+  std::unique_ptr<Device> device;
+  if (where.cuda) {
+    auto gpu = cuda::makeCudaDevice(rank);
+    if (!gpu.ok())
+      return fail(gpu.status());
+    device = std::move(*gpu);
+  } else {
+    device = makeCpuDevice(where.threads);
+  }
+  RankLinks links;
+  if (plan.ranks_size() > 1 && where.cuda) {
+    comm::LaunchEnv env;
+    env.rank = rank;
+    env.worldSize = plan.ranks_size();
+    env.localRank = rank;
+    env.masterPort = where.port;
+    env.source = "moe-mesh-check";
+    auto connected = connectNccl(plan, env, device->stream(), /*timeoutSeconds=*/120);
+    if (!connected.ok())
+      return fail(connected.status());
+    links = std::move(*connected);
+  } else if (plan.ranks_size() > 1) {
+    links = where.cpu->links(rank);
+  }
   auto checkpoint = weights::Checkpoint::open(dir);
   if (!checkpoint.ok())
     return fail(checkpoint.status());
@@ -78,10 +109,10 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
     return fail(executor.status());
   if (absl::Status s = (*executor)->bindWeights(**checkpoint); !s.ok())
     return fail(s);
-  if (absl::Status s = (*executor)->setCommunicators(groups); !s.ok())
+  if (absl::Status s = (*executor)->setCommunicators(links.groups); !s.ok())
     return fail(s);
   Trainer trainer(**executor);
-  trainer.setWorld(world);
+  trainer.setWorld(links.everyone);
   if (absl::Status s = trainer.setAdapter(adapter); !s.ok())
     return fail(s);
   Batch batch;
@@ -115,7 +146,7 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
 
 int main(int argc, char **argv) {
   Args args(argc, argv, 1);
-  std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32");
+  std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32"), backend = args.get("backend", "cpu");
   int64_t threads = 1;
   std::string error;
   if (!args.integer("cpu-threads", 1, threads, error))
@@ -130,6 +161,11 @@ int main(int argc, char **argv) {
     return fail("--mesh '" + meshText + "': " + error);
   if (dtype != "float32" && dtype != "bfloat16")
     return fail("--dtype must be float32 or bfloat16, got '" + dtype + "'");
+  if (backend != "cpu" && backend != "cuda")
+    return fail("--backend must be cpu or cuda, got '" + backend + "'");
+  if (backend == "cuda" && cuda::cudaDeviceCount() < mesh.size())
+    return fail("--backend cuda runs rank r on GPU r: " + std::to_string(mesh.size()) + " ranks, " +
+                std::to_string(cuda::cudaDeviceCount()) + " GPUs");
 
   auto golden = weights::SafetensorsFile::open(dir + "/golden.safetensors");
   if (!golden.ok())
@@ -188,40 +224,27 @@ int main(int argc, char **argv) {
   if (!sharded.ok())
     return fail(std::string(sharded.status().message()));
   int world = sharded->ranks_size();
-  std::printf("%s: mesh %s (%d ranks as threads) against one rank, %lld sequences, %s storage\n", dir.c_str(),
-              mesh.str().c_str(), world, static_cast<long long>(batch), dtype.c_str());
+  Placement where;
+  where.cuda = backend == "cuda";
+  where.threads = static_cast<int>(threads);
+  std::printf("%s: mesh %s (%d ranks as threads, %s) against one rank, %lld sequences, %s storage\n",
+              dir.c_str(), mesh.str().c_str(), world, where.cuda ? "a GPU each, NCCL" : "CPU",
+              static_cast<long long>(batch), dtype.c_str());
 
-  Run reference = train(*single, 0, dir, adapter, ids, labels, seq, 0, batch, static_cast<int>(threads), {},
-                        nullptr);
+  Run reference = train(*single, 0, dir, adapter, ids, labels, seq, 0, batch, where);
   if (!reference.status.ok())
     return fail("the single-rank run: " + std::string(reference.status.message()));
   std::vector<Run> ranks(static_cast<size_t>(world));
   {
-    // One thread group per communicator the plan names (its axis and ranks), and the world.
-    std::map<std::vector<int32_t>, std::shared_ptr<comm::CpuGroup>> groups;
-    for (const plan::Rank &rank : sharded->ranks())
-      for (const plan::Group &g : rank.groups()) {
-        std::vector<int32_t> members(g.ranks().begin(), g.ranks().end());
-        if (!groups.count(members))
-          groups[members] = comm::makeCpuGroup(static_cast<int>(members.size()), /*timeoutSeconds=*/120);
-      }
-    auto worldGroup = comm::makeCpuGroup(world, /*timeoutSeconds=*/120);
+    CpuRanks cpu(*sharded, /*timeoutSeconds=*/120);
+    where.cpu = &cpu;
+    where.port = freeLocalPort();
     std::vector<std::thread> threadsOfRanks;
     for (int r = 0; r < world; ++r)
       threadsOfRanks.emplace_back([&, r] {
-        std::vector<std::unique_ptr<comm::Communicator>> owned;
-        std::vector<comm::Communicator *> byGroup;
-        for (const plan::Group &g : sharded->ranks(r).groups()) {
-          std::vector<int32_t> members(g.ranks().begin(), g.ranks().end());
-          int index = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-          owned.push_back(comm::makeCpuCommunicator(groups.at(members), index));
-          byGroup.push_back(owned.back().get());
-        }
-        std::unique_ptr<comm::Communicator> all = comm::makeCpuCommunicator(worldGroup, r);
         int64_t rows = batch / shards;
         int64_t first = (mesh.coordinate(r, "dp") * mesh.ep + mesh.coordinate(r, "ep")) * rows;
-        ranks[r] = train(*sharded, r, dir, adapter, ids, labels, seq, first, rows, static_cast<int>(threads),
-                         byGroup, all.get());
+        ranks[r] = train(*sharded, r, dir, adapter, ids, labels, seq, first, rows, where);
       });
     for (std::thread &t : threadsOfRanks)
       t.join();

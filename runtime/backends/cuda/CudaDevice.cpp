@@ -91,6 +91,11 @@ private:
 
 } // namespace
 
+int cudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
 absl::StatusOr<std::unique_ptr<Device>> makeCudaDevice(int ordinal) {
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);

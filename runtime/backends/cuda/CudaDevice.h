@@ -18,6 +18,9 @@ namespace moec::runtime::cuda {
 /// kernels. Fails with a message (no driver, no GPU, bad ordinal) instead of aborting.
 absl::StatusOr<std::unique_ptr<Device>> makeCudaDevice(int ordinal = 0);
 
+/// GPUs this process sees (0 without a driver or a GPU).
+int cudaDeviceCount();
+
 } // namespace moec::runtime::cuda
 
 #endif // RUNTIME_BACKENDS_CUDA_CUDADEVICE_H_

@@ -1,0 +1,165 @@
+//===- Ranks.cpp - this process's ranks: how they start and connect -------===//
+
+#include "runtime/tools/Ranks.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <iostream>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/comm/NcclCommunicator.h"
+
+namespace moec::runtime {
+
+namespace {
+
+std::vector<int32_t> membersOf(const plan::Group &group) { return {group.ranks().begin(), group.ranks().end()}; }
+
+int indexIn(const std::vector<int32_t> &members, int rank) {
+  return static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+}
+
+} // namespace
+
+CpuRanks::CpuRanks(const plan::Plan &plan, double timeoutSeconds) : plan(plan) {
+  for (const plan::Rank &rank : plan.ranks())
+    for (const plan::Group &group : rank.groups()) {
+      std::vector<int32_t> members = membersOf(group);
+      if (!groups.count(members))
+        groups[members] = comm::makeCpuGroup(static_cast<int>(members.size()), timeoutSeconds);
+    }
+  all = comm::makeCpuGroup(plan.ranks_size(), timeoutSeconds);
+}
+
+RankLinks CpuRanks::links(int rank) {
+  RankLinks links;
+  links.rank = rank;
+  links.world = plan.ranks_size();
+  for (const plan::Group &group : plan.ranks(rank).groups()) {
+    std::vector<int32_t> members = membersOf(group);
+    links.owned.push_back(comm::makeCpuCommunicator(groups.at(members), indexIn(members, rank)));
+    links.groups.push_back(links.owned.back().get());
+  }
+  if (links.world > 1) {
+    links.owned.push_back(comm::makeCpuCommunicator(all, rank));
+    links.everyone = links.owned.back().get();
+  }
+  return links;
+}
+
+absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::LaunchEnv &env, void *cudaStream,
+                                      double timeoutSeconds) {
+  if (env.worldSize != plan.ranks_size())
+    return absl::InvalidArgumentError(absl::StrCat("the plan is for ", plan.ranks_size(), " ranks but ",
+                                                   env.source, " started ", env.worldSize,
+                                                   " (moe-run --nproc ", plan.ranks_size(), " starts them here)"));
+  RankLinks links;
+  links.rank = env.rank;
+  links.world = env.worldSize;
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
+      comm::TcpStore::open(env.masterAddr, env.masterPort, /*serve=*/env.rank == 0, timeoutSeconds);
+  if (!store.ok())
+    return store.status();
+  links.store = std::move(*store);
+  // Every rank creates its groups in the plan's order (the same axes at the same index on
+  // every rank), then the world: NCCL's initialisations pair up without deadlock.
+  for (const plan::Group &group : plan.ranks(env.rank).groups()) {
+    std::vector<int32_t> members = membersOf(group);
+    std::string key = absl::StrCat("nccl/", group.axis(), "/", absl::StrJoin(members, "-"));
+    auto comm = comm::makeNcclCommunicator(*links.store, key, indexIn(members, env.rank),
+                                           static_cast<int>(members.size()), cudaStream, timeoutSeconds);
+    if (!comm.ok())
+      return absl::Status(comm.status().code(), absl::StrCat("rank ", env.rank, ", group ", group.axis(), " [",
+                                                             absl::StrJoin(members, ","), "]: ",
+                                                             comm.status().message()));
+    links.owned.push_back(std::move(*comm));
+    links.groups.push_back(links.owned.back().get());
+  }
+  auto everyone = comm::makeNcclCommunicator(*links.store, "nccl/world", env.rank, env.worldSize, cudaStream,
+                                             timeoutSeconds);
+  if (!everyone.ok())
+    return absl::Status(everyone.status().code(),
+                        absl::StrCat("rank ", env.rank, ", every rank: ", everyone.status().message()));
+  links.owned.push_back(std::move(*everyone));
+  links.everyone = links.owned.back().get();
+  return links;
+}
+
+int freeLocalPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof addr;
+  int port = 29500;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &length) == 0)
+    port = ntohs(addr.sin_port);
+  if (fd >= 0)
+    close(fd);
+  return port;
+}
+
+int runLocalProcesses(int n, const std::vector<std::string> &argv) {
+  int port = freeLocalPort();
+  std::vector<pid_t> children;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::cerr << "moe-run: cannot start rank " << r << ": " << std::strerror(errno) << "\n";
+      for (pid_t child : children)
+        kill(child, SIGTERM);
+      return 1;
+    }
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char *> args;
+      for (const std::string &a : argv)
+        args.push_back(const_cast<char *>(a.c_str()));
+      args.push_back(nullptr);
+      execv("/proc/self/exe", args.data());
+      std::cerr << "moe-run: rank " << r << ": cannot run /proc/self/exe: " << std::strerror(errno) << "\n";
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+  // The first failure stops the others (they would wait on it in a collective until the
+  // timeout); its exit status is the run's.
+  int result = 0, left = n;
+  while (left > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR)
+        continue;
+      break;
+    }
+    --left;
+    int rank = static_cast<int>(std::find(children.begin(), children.end(), pid) - children.begin());
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0 && result == 0) {
+      result = code;
+      if (code != 130) // an interrupt reaches every rank by itself
+        std::cerr << "moe-run: rank " << rank << " exited with status " << code << "; stopping the others\n";
+      for (size_t k = 0; k < children.size(); ++k)
+        if (static_cast<int>(k) != rank)
+          kill(children[k], SIGTERM);
+    }
+  }
+  return result;
+}
+
+} // namespace moec::runtime

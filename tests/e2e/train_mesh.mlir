@@ -1,0 +1,38 @@
+//===- train_mesh.mlir - moe-run train --nproc: ranks equal one rank ------===//
+//
+// A dp=2, ep=2 plan run as four CPU thread ranks (--nproc 4) trains the global batch of four
+// sequences the way one rank does with --micro-batch 4: the same losses and gradient norms
+// at every step. Rank 0 alone writes the outputs. A multi-rank plan without --nproc, or
+// --nproc with a single-rank plan, is refused with the fix.
+//
+// RUN: rm -rf %t && mkdir -p %t
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 \
+// RUN:     --lora-rank 4 --mesh dp=2,ep=2 -o %t/mesh.moeplan 2>&1 | FileCheck %s --check-prefix=COMPILE
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 4 \
+// RUN:     --lora-rank 4 -o %t/single.moeplan
+// RUN: moe-run init %root/models/tiny-qwen3-moe/config.json --seed 0 --plan %t/single.moeplan -o %t/model
+// RUN: moe-run train --plan %t/mesh.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/mesh --steps 4 --log-every 2 --nproc 4 2>&1 | FileCheck %s --check-prefix=MESH
+// RUN: moe-run train --plan %t/single.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/single --steps 4 --log-every 2 2>&1 | FileCheck %s --check-prefix=SINGLE
+// RUN: python3 %inputs/same_losses.py %t/mesh/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME
+// RUN: not moe-run train --plan %t/mesh.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/x --steps 1 2>&1 | FileCheck %s --check-prefix=NOPROC
+// RUN: not moe-run train --plan %t/single.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/y --steps 1 --nproc 2 2>&1 | FileCheck %s --check-prefix=EXTRA
+// RUN: moe-run bench --plan %t/mesh.moeplan --model %t/model --steps 2 --warmup 1 --nproc 4 \
+// RUN:   | FileCheck %s --check-prefix=BENCH
+
+// COMPILE: moec: wrote {{.*}}mesh.moeplan ({{[0-9]+}} steps, {{[0-9]+}} buffers per rank, 4 ranks)
+// One set of lines (rank 0's), four sequences per step.
+// MESH: step 1/4  loss
+// MESH-NOT: step 1/4
+// MESH: step 4/4
+// MESH: moe-run: trained 4 steps
+// MESH-NOT: moe-run: trained
+// SINGLE: moe-run: trained 4 steps
+// SAME: 4 steps agree within 1e-05
+// NOPROC: moe-run: error: {{.*}}mesh.moeplan is for 4 ranks (mesh 2x1x1x2), this run has 1: start it with --nproc 4 (or a launcher: torchrun, srun, mpirun)
+// EXTRA: moe-run: error: {{.*}}single.moeplan is for 1 ranks (mesh 1x1x1x1), this run has 2: run it without --nproc
+// BENCH: Qwen3MoeForCausalLM on cpu ({{.*}}) (rank 0 of 4): 32 tokens per step per rank, {{.*}}, communication {{.*}} ms of a {{.*}} ms timed step
