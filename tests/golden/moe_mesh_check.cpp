@@ -1,12 +1,14 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
 //   moe-mesh-check DIR --mesh dp=2,ep=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
+//                  [--plan SINGLE --mesh-plan MESH]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
 // golden.safetensors). The batch is the golden sequences, repeated until it
 // splits over the mesh's dp x ep data shards. Compiles the config twice with
 // the adapter's settings: for one rank on the whole batch, and for the mesh
-// with the batch split over its shards (--micro-batch batch / (dp ep)). Runs
+// with the batch split over its shards (--micro-batch batch / (dp ep)), or
+// takes both plans (--plan, --mesh-plan: where moec cannot run). Runs
 // the single rank, then every rank of the mesh as a thread of this process
 // (the CPU communicator; with --backend cuda, rank r on GPU r with NCCL, the
 // single rank on GPU 0), each on its own sequences, from the golden adapter:
@@ -29,6 +31,7 @@
 
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "dialects/moe/MeshShape.h"
 #include "runtime/backends/cuda/CudaDevice.h"
 #include "runtime/exec/Executor.h"
@@ -147,6 +150,9 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
 int main(int argc, char **argv) {
   Args args(argc, argv, 1);
   std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32"), backend = args.get("backend", "cpu");
+  std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan");
+  if (singlePath.empty() != meshPath.empty())
+    return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
   std::string error;
   if (!args.integer("cpu-threads", 1, threads, error))
@@ -199,12 +205,20 @@ int main(int argc, char **argv) {
                                    weights::DType::F32, values.size());
   }
 
-  // The two plans, in a directory of our own (tests run in parallel share /tmp).
+  // The two plans, given or compiled in a directory of our own (tests run in parallel
+  // share /tmp).
   std::string tempDir = (std::filesystem::temp_directory_path() / "moe-mesh-check-XXXXXX").string();
   if (!mkdtemp(tempDir.data()))
     return fail("cannot create a temporary directory for the plans");
   auto compile = [&](const std::string &name, int64_t microBatch, const std::string &meshFlag)
       -> absl::StatusOr<plan::Plan> {
+    if (!singlePath.empty()) {
+      absl::StatusOr<plan::Plan> given = plan::loadPlan(meshFlag.empty() ? singlePath : meshPath);
+      if (given.ok() && given->micro_batch() != microBatch)
+        return absl::InvalidArgumentError(absl::StrCat(meshFlag.empty() ? singlePath : meshPath, " has micro-batch ",
+                                                       given->micro_batch(), "; this check needs ", microBatch));
+      return given;
+    }
     std::vector<std::string> moecArgs = {dir + "/config.json", "--adapter", dir + "/adapter", "--seq-len",
                                          std::to_string(seq), "--micro-batch", std::to_string(microBatch),
                                          "--lr", "1e-3", "--warmup-steps", "0", "--schedule", "constant",
@@ -223,6 +237,9 @@ int main(int argc, char **argv) {
     return fail(std::string(single.status().message()));
   if (!sharded.ok())
     return fail(std::string(sharded.status().message()));
+  if (sharded->mesh().dp() != mesh.dp || sharded->mesh().ep() != mesh.ep || sharded->ranks_size() != mesh.size())
+    return fail("the mesh plan is for dp=" + std::to_string(sharded->mesh().dp()) + ",ep=" +
+                std::to_string(sharded->mesh().ep()) + ", not " + mesh.str());
   int world = sharded->ranks_size();
   Placement where;
   where.cuda = backend == "cuda";

@@ -6,6 +6,11 @@
 #                               binaries, the libraries they need and the golden files to .gpu/
 #   tests/gpu/gpu_run.sh bench  on the GPU machine: the kernel micro-benchmarks (*_bench) and
 #                               the table of bench/bench.sh (KERNELS_ONLY=1: the former only)
+#   tests/gpu/gpu_run.sh mesh   on a machine with 2 GPUs: the NCCL and expert MLP tests, every
+#                               golden family on dp=2 and ep=2 (a GPU per rank) against one GPU
+#                               (moe-mesh-check, f32 and bf16), and Qwen3-30B-A3B (48 layers,
+#                               4096 tokens per GPU) on one GPU, dp=2 and ep=2: tokens/s per GPU
+#                               and exposed communication (moe-run bench --nproc 2)
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16, and 6 training steps of Qwen3-30B-A3B (48 and 4
@@ -22,7 +27,7 @@ if [ "${1:-}" = pack ]; then
   # Kernel micro-benchmarks: cc_binary targets named *_bench next to the CUDA kernels.
   benches=$(bazel query 'filter("_bench$", kind(cc_binary, //runtime/kernels/cuda/...))' 2>/dev/null)
   bazel build $tests $benches //runtime/backends/cuda:device_probe_test //runtime/tools:moe-run \
-    //tests/golden:moe-align //compiler/tools:moec
+    //tests/golden:moe-align //tests/golden:moe-mesh-check //compiler/tools:moec
   bin="$(bazel info bazel-bin 2>/dev/null)"
   rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/bin/bench" "$pack/lib" "$pack/plans"
   for b in $benches; do
@@ -32,7 +37,8 @@ if [ "${1:-}" = pack ]; then
     path="${t#//}"; path="${path/://}"
     install -m 755 "$bin/$path" "$pack/bin/tests/$(echo "${t#//}" | tr '/:' '__')"
   done
-  install -m 755 "$bin/runtime/tools/moe-run" "$bin/tests/golden/moe-align" "$pack/bin/"
+  install -m 755 "$bin/runtime/tools/moe-run" "$bin/tests/golden/moe-align" "$bin/tests/golden/moe-mesh-check" \
+    "$pack/bin/"
   strip "$pack"/bin/* "$pack"/bin/tests/* "$pack"/bin/bench/* 2>/dev/null || true
   # Libraries the binaries load that a bare GPU machine may lack (not glibc itself).
   for f in "$pack"/bin/* "$pack"/bin/tests/* "$pack"/bin/bench/*; do
@@ -54,6 +60,22 @@ if [ "${1:-}" = pack ]; then
       done
     done
   done
+  # Meshes of two GPUs: each family on dp=2 and ep=2 (one of the golden batch's two sequences
+  # per rank), and Qwen3-30B-A3B at 4096 tokens per GPU on one GPU, dp=2 and ep=2.
+  for f in "${families[@]}"; do
+    for dtype in float32 bfloat16; do
+      for mesh in dp=2 ep=2; do
+        "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
+          --seq-len 96 --micro-batch 1 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
+          --weight-decay 0 --dtype "$dtype" --mesh "$mesh" -o "$pack/plans/$f.$dtype.$mesh.moeplan" 2>/dev/null
+      done
+    done
+  done
+  for mesh in "" dp=2 ep=2; do
+    "$bin/compiler/tools/moec" compile models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+      --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+--mesh $mesh} \
+      -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
+  done
   # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
   attention=q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj
   for model in models/qwen3-30b-a3b/config.json tests/gpu/Inputs/qwen3-30b-a3b-4layers.json \
@@ -73,7 +95,7 @@ if [ "${1:-}" = pack ]; then
   exit 0
 fi
 
-[ "${1:-}" = run ] || [ "${1:-}" = bench ] || { echo "usage: $0 pack|run|bench" >&2; exit 2; }
+[ "${1:-}" = run ] || [ "${1:-}" = bench ] || [ "${1:-}" = mesh ] || { echo "usage: $0 pack|run|bench|mesh" >&2; exit 2; }
 out="${OUT:-$pack/out}"
 mkdir -p "$out"
 [ -f "$pack/pack.tar.xz" ] && tar -C "$pack" -xJf "$pack/pack.tar.xz"
@@ -84,6 +106,37 @@ if [ "$1" = bench ]; then # the kernel micro-benchmarks and the single-GPU table
     [ -f "$b" ] && { echo "===== $(basename "$b")"; "$b" || echo "FAILED: $(basename "$b")"; } 2>&1 | tee -a "$out/kernel_bench.log"
   done
   [ "${KERNELS_ONLY:-0}" = 1 ] || PATH="$PWD/$pack/bin:$PATH" bash bench/bench.sh run "$pack/plans/bench"
+  exit 0
+fi
+if [ "$1" = mesh ]; then
+  nvidia-smi -L || true
+  summary=()
+  for t in runtime_comm_nccl_communicator_test runtime_kernels_cuda_routing_expert_mlp_test; do
+    if "$pack/bin/tests/$t" >"$out/$t.log" 2>&1; then status=ok; else status=FAILED; fi
+    summary+=("$(printf '%-62s %-7s %s' "$t" "$status" "$(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')")")
+  done
+  : >"$out/mesh_check.log"
+  for f in "${families[@]}"; do
+    for dtype in float32 bfloat16; do
+      for mesh in dp=2 ep=2; do
+        if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "$mesh" \
+          --plan "$pack/plans/$f.$dtype.fused.moeplan" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
+          >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
+        { echo "===== moe-mesh-check $f $dtype $mesh ($status)"; cat "$out/one.log"; } >>"$out/mesh_check.log"
+        summary+=("$(printf '%-62s %-7s %s' "moe-mesh-check $f --dtype $dtype --mesh $mesh" "$status" "$(tail -1 "$out/one.log")")")
+      done
+    done
+  done
+  rm -f "$out/one.log"
+  : >"$out/scale.log"
+  for mesh in single dp=2 ep=2; do
+    nproc=2; [ "$mesh" = single ] && nproc=1
+    { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh"
+      "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
+        --random-weights 0 --steps 5 --warmup 2 --nproc $nproc 2>&1 || echo "FAILED: $mesh"
+    } | tee -a "$out/scale.log"
+  done
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
   exit 0
 fi
 nvidia-smi -L || true
