@@ -14,6 +14,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,19 @@ public:
   virtual absl::Status copy(void *dst, const void *src, size_t bytes) = 0;
   /// Zeroes device memory, ordered with the kernels.
   virtual absl::Status zero(void *dst, size_t bytes) = 0;
+  /// One of copyBlocks's copies: `bytes` from `src + from` to `dst + to`.
+  struct Block {
+    size_t to, from, bytes;
+  };
+  /// Many device-to-device copies between two buffers that do not overlap, ordered with the
+  /// kernels (the expert exchange regroups rows with one call, not a copy per segment).
+  virtual absl::Status copyBlocks(void *dst, const void *src, const std::vector<Block> &blocks) {
+    for (const Block &b : blocks)
+      if (absl::Status s = copy(static_cast<char *>(dst) + b.to, static_cast<const char *>(src) + b.from, b.bytes);
+          !s.ok())
+        return s;
+    return absl::OkStatus();
+  }
   /// Waits for every kernel launched so far; reports an asynchronous failure.
   virtual absl::Status synchronize() = 0;
   /// What kernels get as ctx.stream / ctx.pool.

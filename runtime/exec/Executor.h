@@ -123,9 +123,11 @@ private:
   absl::Status roundEmulated(const std::vector<uint32_t> &ids);
   /// Runs a Collective step on its group's communicator.
   absl::Status collective(const plan::Collective &collective);
-  /// EXPERT_DISPATCH / EXPERT_COMBINE (plan.proto): the counts to the host, then one
-  /// segment per (rank, expert) so rows land grouped as the other side wants them.
+  /// EXPERT_DISPATCH / EXPERT_COMBINE (plan.proto): the counts to the host, one message per
+  /// pair of ranks, and one copy kernel that regroups rows by expert (or back).
   absl::Status expertExchange(const plan::Collective &collective, comm::Communicator &comm);
+  /// The expert exchange's rows in flight, grouped by source rank: grown on demand, kept.
+  absl::Status reserveStaging(size_t bytes);
 
   const plan::Plan *plan = nullptr;
   const plan::Rank *rankProto = nullptr;
@@ -138,6 +140,11 @@ private:
   std::vector<comm::Communicator *> communicators; // by group index
   std::map<std::string, uint32_t> byName;
   bool syncEachStep = false;
+  void *staging = nullptr;
+  size_t stagingBytes = 0;
+  /// Host copies of each expert exchange's counts and layout in this run, by their buffers
+  /// (counts, source_counts).
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<int64_t>, std::vector<int64_t>>> exchangeLayouts;
   bool timeCollectives = false;
   double collectiveTime = 0;
 };

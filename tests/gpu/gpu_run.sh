@@ -111,7 +111,8 @@ fi
 if [ "$1" = mesh ]; then
   nvidia-smi -L || true
   summary=()
-  for t in runtime_comm_nccl_communicator_test runtime_kernels_cuda_routing_expert_mlp_test; do
+  for t in runtime_comm_nccl_communicator_test runtime_kernels_cuda_routing_expert_mlp_test \
+    runtime_backends_cuda_copy_blocks_test; do
     if "$pack/bin/tests/$t" >"$out/$t.log" 2>&1; then status=ok; else status=FAILED; fi
     summary+=("$(printf '%-62s %-7s %s' "$t" "$status" "$(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')")")
   done

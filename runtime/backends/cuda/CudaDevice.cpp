@@ -2,6 +2,8 @@
 
 #include "runtime/backends/cuda/CudaDevice.h"
 
+#include "runtime/backends/cuda/CopyBlocks.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -70,6 +72,14 @@ public:
   }
   absl::Status zero(void *dst, size_t bytes) override {
     return cudaStatus(cudaMemsetAsync(dst, 0, bytes, cudaStream), "cudaMemsetAsync");
+  }
+  absl::Status copyBlocks(void *dst, const void *src, const std::vector<Block> &blocks) override {
+    std::vector<CopyBlock> table;
+    table.reserve(blocks.size());
+    for (const Block &b : blocks)
+      table.push_back({b.to, b.from, b.bytes});
+    std::string error = copyBlocksOnStream(dst, src, table, cudaStream);
+    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
   absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }
   void *stream() override { return cudaStream; }
