@@ -44,14 +44,27 @@ std::string error(cudaError_t e, const char *what) {
 
 } // namespace
 
-std::string copyBlocksOnStream(void *dst, const void *src, const std::vector<CopyBlock> &blocks, void *stream) {
+BlockCopier::~BlockCopier() {
+  for (int i = 0; i < 2; ++i) {
+    if (uploaded[i]) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded[i]));
+      cudaEventDestroy(static_cast<cudaEvent_t>(uploaded[i]));
+    }
+    if (pinned[i])
+      cudaFreeHost(pinned[i]);
+  }
+  if (table) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    cudaFree(table);
+  }
+}
+
+std::string BlockCopier::copy(void *dst, const void *src, const std::vector<CopyBlock> &blocks) {
   size_t align = 16;
   for (const CopyBlock &b : blocks)
     while (align > 1 && ((b.to | b.from | b.bytes) % align != 0 ||
                          (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % align != 0))
       align = align == 16 ? 4 : 1;
-  std::vector<int64_t> table; // first[n + 1], to[n], from[n]: one upload
-  int n = 0;
   std::vector<int64_t> first{0}, to, from;
   for (const CopyBlock &b : blocks) {
     if (b.bytes == 0)
@@ -59,25 +72,56 @@ std::string copyBlocksOnStream(void *dst, const void *src, const std::vector<Cop
     first.push_back(first.back() + static_cast<int64_t>(b.bytes / align));
     to.push_back(static_cast<int64_t>(b.to / align));
     from.push_back(static_cast<int64_t>(b.from / align));
-    ++n;
   }
+  int n = static_cast<int>(to.size());
   if (n == 0)
     return "";
-  table.insert(table.end(), first.begin(), first.end());
-  table.insert(table.end(), to.begin(), to.end());
-  table.insert(table.end(), from.begin(), from.end());
+  size_t bytes = (3 * static_cast<size_t>(n) + 1) * sizeof(int64_t); // first[n + 1], to[n], from[n]
   auto s = static_cast<cudaStream_t>(stream);
-  int64_t *device = nullptr;
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&device), table.size() * sizeof(int64_t), s);
-      e != cudaSuccess)
-    return error(e, "copyBlocks: cudaMallocAsync");
-  // From pageable memory the copy returns once the table is staged: `table` may go.
-  if (cudaError_t e = cudaMemcpyAsync(device, table.data(), table.size() * sizeof(int64_t),
-                                      cudaMemcpyHostToDevice, s);
-      e != cudaSuccess)
+  // The host table: wait only for the upload that last read this buffer.
+  int k = next;
+  next ^= 1;
+  if (uploaded[k])
+    if (cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded[k])); e != cudaSuccess)
+      return error(e, "copyBlocks: waiting for the table buffer");
+  if (!uploaded[k]) {
+    cudaEvent_t event;
+    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess)
+      return error(e, "copyBlocks: cudaEventCreate");
+    uploaded[k] = event;
+  }
+  if (pinnedBytes[k] < bytes) {
+    if (pinned[k])
+      cudaFreeHost(pinned[k]);
+    pinned[k] = nullptr;
+    pinnedBytes[k] = 0;
+    if (cudaError_t e = cudaMallocHost(&pinned[k], bytes); e != cudaSuccess)
+      return error(e, "copyBlocks: cudaMallocHost");
+    pinnedBytes[k] = bytes;
+  }
+  if (tableBytes < bytes) { // a larger device table: the old one may still be read
+    if (table) {
+      if (cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess)
+        return error(e, "copyBlocks: cudaStreamSynchronize");
+      cudaFree(table);
+      table = nullptr;
+      tableBytes = 0;
+    }
+    if (cudaError_t e = cudaMalloc(&table, bytes); e != cudaSuccess)
+      return error(e, "copyBlocks: cudaMalloc");
+    tableBytes = bytes;
+  }
+  auto *host = static_cast<int64_t *>(pinned[k]);
+  std::copy(first.begin(), first.end(), host);
+  std::copy(to.begin(), to.end(), host + n + 1);
+  std::copy(from.begin(), from.end(), host + 2 * n + 1);
+  if (cudaError_t e = cudaMemcpyAsync(table, host, bytes, cudaMemcpyHostToDevice, s); e != cudaSuccess)
     return error(e, "copyBlocks: table upload");
+  if (cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(uploaded[k]), s); e != cudaSuccess)
+    return error(e, "copyBlocks: cudaEventRecord");
   int64_t units = first.back();
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 4096));
+  const int64_t *device = static_cast<const int64_t *>(table);
   const int64_t *f = device, *t = device + n + 1, *r = device + 2 * n + 1;
   if (align == 16)
     copyBlocksKernel<<<grid, 256, 0, s>>>(static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), f, t, r, n);
@@ -89,8 +133,6 @@ std::string copyBlocksOnStream(void *dst, const void *src, const std::vector<Cop
                                           n);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return error(e, "copyBlocks kernel launch");
-  if (cudaError_t e = cudaFreeAsync(device, s); e != cudaSuccess)
-    return error(e, "copyBlocks: cudaFreeAsync");
   return "";
 }
 

@@ -19,10 +19,28 @@ struct CopyBlock {
   size_t to, from, bytes;
 };
 
-/// Copies every block from `src` to `dst` on `stream` (a cudaStream_t) with one kernel;
-/// the block table goes to the device first (the call waits for that small upload). Returns
-/// an empty string or the CUDA error.
-std::string copyBlocksOnStream(void *dst, const void *src, const std::vector<CopyBlock> &blocks, void *stream);
+/// Copies blocks on one stream with one kernel. The block table travels through pinned
+/// host memory (two buffers, each reused once the upload that read it is done), so a call
+/// does not wait for the stream: the host keeps queueing work.
+class BlockCopier {
+public:
+  explicit BlockCopier(void *stream) : stream(stream) {}
+  ~BlockCopier();
+  BlockCopier(const BlockCopier &) = delete;
+  BlockCopier &operator=(const BlockCopier &) = delete;
+
+  /// Copies every block from `src` to `dst`; an empty string or the CUDA error.
+  std::string copy(void *dst, const void *src, const std::vector<CopyBlock> &blocks);
+
+private:
+  void *stream;
+  void *pinned[2] = {nullptr, nullptr}; // host tables
+  void *uploaded[2] = {nullptr, nullptr}; // events: the upload from pinned[i] is done
+  size_t pinnedBytes[2] = {0, 0};
+  void *table = nullptr; // the device table (stream-ordered, so one is enough)
+  size_t tableBytes = 0;
+  int next = 0;
+};
 
 } // namespace moec::runtime::cuda
 

@@ -41,7 +41,13 @@ void expectCopies(size_t granule, int blocks, uint64_t seed) {
   ASSERT_EQ(cudaMalloc(&dDst, want.size()), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dSrc, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
-  EXPECT_EQ(copyBlocksOnStream(dDst, dSrc, table, nullptr), "");
+  BlockCopier copier(nullptr);
+  EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
+  // Again with a fresh destination: the second table buffer, then the first one reused.
+  ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
+  EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
+  ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
+  EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
   std::vector<uint8_t> got(want.size());
   ASSERT_EQ(cudaMemcpy(got.data(), dDst, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   size_t wrong = 0;

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@ public:
   }
   ~CudaDevice() override {
     cudaSetDevice(ordinal);
+    copier.reset(); // before its stream goes
     cudaStreamDestroy(cudaStream);
   }
   std::string name() const override { return label; }
@@ -78,7 +80,9 @@ public:
     table.reserve(blocks.size());
     for (const Block &b : blocks)
       table.push_back({b.to, b.from, b.bytes});
-    std::string error = copyBlocksOnStream(dst, src, table, cudaStream);
+    if (!copier)
+      copier = std::make_unique<BlockCopier>(cudaStream);
+    std::string error = copier->copy(dst, src, table);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
   absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }
@@ -97,6 +101,7 @@ private:
   std::string label;
   cudaStream_t cudaStream;
   KernelRegistry registry;
+  std::unique_ptr<BlockCopier> copier; // made on first use
 };
 
 } // namespace
