@@ -497,20 +497,39 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
                                             " rows"));
   if (absl::Status s = reserveStaging(received * rowBytes); !s.ok())
     return s;
+  // With collectives timed: each part's time on its own (a synchronisation after each).
+  auto part = [&](int which, const std::function<absl::Status()> &work) -> absl::Status {
+    auto start = std::chrono::steady_clock::now();
+    absl::Status s = work();
+    if (s.ok() && timeCollectives)
+      s = dev->synchronize();
+    if (timeCollectives)
+      exchangeTime[which] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return s;
+  };
   if (dispatch) {
     // Rows past the received ones read as zero (the expert MLP skips them).
     size_t used = received * rowBytes, total = static_cast<size_t>(result.numel()) * element;
-    if (absl::Status s = dev->zero(static_cast<char *>(result.data) + used, total - used); !s.ok())
+    if (absl::Status s = part(0, [&] { return dev->zero(static_cast<char *>(result.data) + used, total - used); });
+        !s.ok())
       return s;
-    if (absl::Status s = comm.exchange(rows.data, rankSide, staging, stagingSide, rows.dtype); !s.ok())
+    if (absl::Status s = part(1, [&] { return comm.exchange(rows.data, rankSide, staging, stagingSide, rows.dtype); });
+        !s.ok())
       return s;
-    return dev->copyBlocks(result.data, staging, regroup);
+    return part(2, [&] { return dev->copyBlocks(result.data, staging, regroup); });
   }
   for (Device::Block &b : regroup)
     std::swap(b.to, b.from);
-  if (absl::Status s = dev->copyBlocks(staging, rows.data, regroup); !s.ok())
+  if (absl::Status s = part(2, [&] { return dev->copyBlocks(staging, rows.data, regroup); }); !s.ok())
     return s;
-  return comm.exchange(staging, stagingSide, result.data, rankSide, rows.dtype);
+  return part(1, [&] { return comm.exchange(staging, stagingSide, result.data, rankSide, rows.dtype); });
+}
+
+std::string Executor::exchangeBreakdown() const {
+  char text[160];
+  std::snprintf(text, sizeof text, "zeroing %.1f ms, messages %.1f ms, regrouping %.1f ms",
+                exchangeTime[0] * 1e3, exchangeTime[1] * 1e3, exchangeTime[2] * 1e3);
+  return text;
 }
 
 absl::Status Executor::reserveStaging(size_t bytes) {

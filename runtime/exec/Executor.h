@@ -103,8 +103,11 @@ public:
   void setTimeCollectives(bool on) {
     timeCollectives = on;
     collectiveTime = 0;
+    exchangeTime[0] = exchangeTime[1] = exchangeTime[2] = 0;
   }
   double collectiveSeconds() const { return collectiveTime; }
+  /// Of that, the expert exchange's parts: "zeroing X ms, messages Y ms, regrouping Z ms".
+  std::string exchangeBreakdown() const;
 
 private:
   Executor() = default;
@@ -147,6 +150,7 @@ private:
   std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<int64_t>, std::vector<int64_t>>> exchangeLayouts;
   bool timeCollectives = false;
   double collectiveTime = 0;
+  double exchangeTime[3] = {0, 0, 0}; // zeroing, messages, regrouping
 };
 
 } // namespace moec::runtime

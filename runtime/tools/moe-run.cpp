@@ -565,9 +565,12 @@ int runBench(Args &args, const RankSetup &setup) {
     double inCollectives = session.executor->collectiveSeconds();
     session.executor->setTimeCollectives(false);
     char text[128];
-    std::snprintf(text, sizeof text, ", communication %.1f ms of a %.1f ms timed step (%.1f%%)",
+    std::snprintf(text, sizeof text, ", communication %.1f ms of a %.1f ms timed step (%.1f%%",
                   inCollectives * 1e3, step * 1e3, 100 * inCollectives / step);
     comm = text;
+    if (session.plan.mesh().ep() > 1)
+      comm += "; expert exchange: " + session.executor->exchangeBreakdown();
+    comm += ")";
   }
   if (!setup.lead())
     return 0;
