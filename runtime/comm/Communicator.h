@@ -44,8 +44,9 @@ public:
   /// in and out hold size() blocks; block j of `in` goes to rank j, block i of `out` came
   /// from rank i. Block k holds sendCounts[k] (recvCounts[k]) elements; blocks are contiguous
   /// in rank order. Counts must agree pairwise (what i sends to j is what j receives from i).
-  virtual absl::Status allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
-                                const std::vector<size_t> &recvCounts, plan::DType dtype) = 0;
+  /// One exchange() of a segment per rank.
+  absl::Status allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
+                        const std::vector<size_t> &recvCounts, plan::DType dtype);
   /// A run of `count` elements at element `offset` of a buffer, to or from rank `peer`.
   struct Segment {
     int peer;

@@ -22,8 +22,7 @@ public:
 
   struct Published {
     const void *in = nullptr;
-    const std::vector<size_t> *sendCounts = nullptr;             // allToAll only
-    const std::vector<Communicator::Segment> *sends = nullptr;   // exchange only
+    const std::vector<Communicator::Segment> *sends = nullptr; // exchange only
   };
 
   /// Waits for all ranks; fails every waiter after the timeout, and every later
@@ -113,39 +112,9 @@ public:
   absl::Status allGather(const void *in, void *out, size_t count, plan::DType dtype) override {
     size_t bytes = count * elementBytes(dtype);
     std::vector<char> result(bytes * size());
-    return exchange("allGather", in, nullptr, out, result, [&] {
+    return rendezvous("allGather", in, out, result, [&] {
       for (int r = 0; r < size(); ++r)
         std::memcpy(result.data() + r * bytes, group->published[r].in, bytes);
-      return absl::OkStatus();
-    });
-  }
-
-  absl::Status allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
-                        const std::vector<size_t> &recvCounts, plan::DType dtype) override {
-    if (sendCounts.size() != static_cast<size_t>(size()) || recvCounts.size() != sendCounts.size())
-      return absl::InvalidArgumentError(absl::StrCat("allToAll: ", sendCounts.size(), " send and ",
-                                                     recvCounts.size(), " receive counts for ", size(),
-                                                     " ranks"));
-    size_t element = elementBytes(dtype), total = 0;
-    for (size_t n : recvCounts)
-      total += n;
-    std::vector<char> result(total * element);
-    return exchange("allToAll", in, &sendCounts, out, result, [&]() -> absl::Status {
-      size_t at = 0;
-      for (int r = 0; r < size(); ++r) {
-        const std::vector<size_t> &theirs = *group->published[r].sendCounts;
-        if (theirs[me] != recvCounts[r])
-          return absl::InvalidArgumentError(absl::StrCat("allToAll: rank ", me, " expects ", recvCounts[r],
-                                                         " elements from rank ", r, ", which sends ",
-                                                         theirs[me]));
-        size_t skip = 0;
-        for (int k = 0; k < me; ++k)
-          skip += theirs[k];
-        std::memcpy(result.data() + at * element,
-                    static_cast<const char *>(group->published[r].in) + skip * element,
-                    recvCounts[r] * element);
-        at += recvCounts[r];
-      }
       return absl::OkStatus();
     });
   }
@@ -155,7 +124,7 @@ public:
       return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " of ", size(), " ranks"));
     size_t bytes = count * elementBytes(dtype);
     std::vector<char> result(bytes);
-    return exchange("broadcast", data, nullptr, data, result, [&] {
+    return rendezvous("broadcast", data, data, result, [&] {
       std::memcpy(result.data(), group->published[root].in, bytes);
       return absl::OkStatus();
     });
@@ -168,7 +137,7 @@ public:
       for (const Segment &s : *list)
         if (s.peer < 0 || s.peer >= size())
           return absl::InvalidArgumentError(absl::StrCat("exchange: peer ", s.peer, " of ", size(), " ranks"));
-    group->published[me] = {in, nullptr, &sends};
+    group->published[me] = {in, &sends};
     if (absl::Status s = group->arrive("exchange"); !s.ok())
       return s;
     // Each receive from p takes p's next send to this rank; `out` is ours alone, and no
@@ -204,7 +173,7 @@ private:
     if (elementBytes(dtype) == 0)
       return absl::InvalidArgumentError(absl::StrCat(what, ": unsupported dtype ", plan::DType_Name(dtype)));
     std::vector<char> result(count * elementBytes(dtype));
-    return exchange(what, in, nullptr, out, result, [&]() -> absl::Status {
+    return rendezvous(what, in, out, result, [&]() -> absl::Status {
       std::vector<double> sum(count, 0.0);
       size_t skip = offset * elementBytes(dtype);
       for (int r = 0; r < size(); ++r)
@@ -221,9 +190,9 @@ private:
   /// published buffers, wait again (so no rank overwrites an input another still
   /// reads, in-place collectives included), then write `out`.
   template <typename Compute>
-  absl::Status exchange(const char *what, const void *in, const std::vector<size_t> *sendCounts, void *out,
-                        std::vector<char> &result, Compute compute) {
-    group->published[me] = {in, sendCounts, nullptr};
+  absl::Status rendezvous(const char *what, const void *in, void *out, std::vector<char> &result,
+                          Compute compute) {
+    group->published[me] = {in, nullptr};
     if (absl::Status s = group->arrive(what); !s.ok())
       return s;
     absl::Status computed = compute();

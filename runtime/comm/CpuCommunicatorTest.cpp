@@ -78,7 +78,7 @@ TEST(CpuCommunicator, MismatchedCountsAreAnError) {
     absl::Status s = comm.allToAll(in.data(), send, out.data(), recv, plan::F32);
     if (comm.rank() == 0) {
       EXPECT_FALSE(s.ok());
-      EXPECT_NE(s.message().find("expects 2 elements from rank 1, which sends 1"), std::string::npos)
+      EXPECT_NE(s.message().find("rank 0 receives 2 elements from rank 1, which sends 1"), std::string::npos)
           << s.message();
     }
   });

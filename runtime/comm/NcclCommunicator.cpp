@@ -264,69 +264,6 @@ absl::Status NcclCommunicator::broadcast(void *data, size_t count, plan::DType d
   return settle(ncclBroadcast(data, data, count, *type, root, comm, asStream(stream)), what);
 }
 
-absl::Status NcclCommunicator::allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
-                                        const std::vector<size_t> &recvCounts, plan::DType dtype) {
-  size_t total = 0;
-  for (size_t c : sendCounts)
-    total += c;
-  std::string what = describe("allToAll", total, dtype) + " sent";
-  absl::StatusOr<ncclDataType_t> type = ncclType(dtype, what);
-  if (!type.ok())
-    return type.status();
-  if (sendCounts.size() != static_cast<size_t>(groupSize) ||
-      recvCounts.size() != static_cast<size_t>(groupSize))
-    return absl::InvalidArgumentError(absl::StrCat("nccl ", what, ": ", sendCounts.size(), " send and ",
-                                                   recvCounts.size(), " receive counts for a group of ",
-                                                   groupSize));
-  if (sendCounts[groupRank] != recvCounts[groupRank])
-    return absl::InvalidArgumentError(absl::StrCat("nccl ", what, ": rank ", groupRank, " sends itself ",
-                                                   sendCounts[groupRank], " elements but receives ",
-                                                   recvCounts[groupRank]));
-  if (absl::Status s = healthy(what); !s.ok())
-    return s;
-
-  size_t bytes = elementBytes(dtype);
-  const char *src = static_cast<const char *>(in);
-  char *dst = static_cast<char *>(out);
-  std::vector<size_t> sendOffsets(groupSize), recvOffsets(groupSize);
-  for (int p = 1; p < groupSize; ++p) {
-    sendOffsets[p] = sendOffsets[p - 1] + sendCounts[p - 1];
-    recvOffsets[p] = recvOffsets[p - 1] + recvCounts[p - 1];
-  }
-  // Our own block is a local copy, ordered on the stream like the rest.
-  if (size_t own = sendCounts[groupRank]; own > 0)
-    if (cudaError_t e =
-            cudaMemcpyAsync(dst + recvOffsets[groupRank] * bytes, src + sendOffsets[groupRank] * bytes,
-                            own * bytes, cudaMemcpyDeviceToDevice, asStream(stream));
-        e != cudaSuccess)
-      return fail(
-          absl::InternalError(absl::StrCat("nccl ", what, ": cudaMemcpyAsync: ", cudaGetErrorString(e))));
-
-  bool anyPeer = false;
-  for (int p = 0; p < groupSize; ++p)
-    anyPeer |= p != groupRank && (sendCounts[p] > 0 || recvCounts[p] > 0);
-  if (!anyPeer)
-    return absl::OkStatus();
-  // One group: NCCL pairs every send with the peer's receive without deadlocking on order.
-  if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess)
-    return settle(r, what);
-  ncclResult_t failed = ncclSuccess; // the first call that failed (ncclInProgress is no failure)
-  auto keep = [&](ncclResult_t r) {
-    if (failed == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
-      failed = r;
-  };
-  for (int p = 0; p < groupSize && failed == ncclSuccess; ++p) {
-    if (p == groupRank)
-      continue;
-    if (sendCounts[p] > 0)
-      keep(ncclSend(src + sendOffsets[p] * bytes, sendCounts[p], *type, p, comm, asStream(stream)));
-    if (recvCounts[p] > 0)
-      keep(ncclRecv(dst + recvOffsets[p] * bytes, recvCounts[p], *type, p, comm, asStream(stream)));
-  }
-  ncclResult_t end = ncclGroupEnd(); // always closes the group, even after a failed call
-  return settle(failed != ncclSuccess ? failed : end, what);
-}
-
 absl::Status NcclCommunicator::exchange(const void *in, const std::vector<Segment> &sends, void *out,
                                         const std::vector<Segment> &recvs, plan::DType dtype) {
   size_t total = 0;
@@ -359,9 +296,9 @@ absl::Status NcclCommunicator::exchange(const void *in, const std::vector<Segmen
                                                    ownSends.size(), " segments but receives ", ownRecvs.size()));
   for (size_t k = 0; k < ownSends.size(); ++k) {
     if (ownSends[k]->count != ownRecvs[k]->count)
-      return absl::InvalidArgumentError(absl::StrCat("nccl ", what, ": own segment ", k, " sends ",
-                                                     ownSends[k]->count, " elements, receives ",
-                                                     ownRecvs[k]->count));
+      return absl::InvalidArgumentError(absl::StrCat("nccl ", what, ": rank ", groupRank, " sends itself ",
+                                                     ownSends[k]->count, " elements but receives ",
+                                                     ownRecvs[k]->count, " (segment ", k, ")"));
     if (ownSends[k]->count > 0)
       if (cudaError_t e = cudaMemcpyAsync(dst + ownRecvs[k]->offset * bytes, src + ownSends[k]->offset * bytes,
                                           ownSends[k]->count * bytes, cudaMemcpyDeviceToDevice, asStream(stream));

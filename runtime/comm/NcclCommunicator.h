@@ -48,8 +48,6 @@ public:
   absl::Status allReduce(const void *in, void *out, size_t count, plan::DType dtype) override;
   absl::Status allGather(const void *in, void *out, size_t count, plan::DType dtype) override;
   absl::Status reduceScatter(const void *in, void *out, size_t count, plan::DType dtype) override;
-  absl::Status allToAll(const void *in, const std::vector<size_t> &sendCounts, void *out,
-                        const std::vector<size_t> &recvCounts, plan::DType dtype) override;
   absl::Status exchange(const void *in, const std::vector<Segment> &sends, void *out,
                         const std::vector<Segment> &recvs, plan::DType dtype) override;
   absl::Status broadcast(void *data, size_t count, plan::DType dtype, int root) override;
