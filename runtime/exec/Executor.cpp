@@ -39,6 +39,8 @@ std::string stepName(int index, const plan::Step &step) {
   std::string name = absl::StrCat("step ", index);
   if (step.has_launch())
     absl::StrAppend(&name, " (", step.launch().kernel(), ")");
+  if (step.has_collective())
+    absl::StrAppend(&name, " (", plan::collectiveKindName(step.collective().kind()), ")");
   if (!step.origin().empty())
     absl::StrAppend(&name, " [", step.origin(), "]");
   return name;
@@ -334,6 +336,7 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
   exchangeLayouts.clear(); // this run's counts are new
   for (int s = 0; s < rankProto->steps_size(); ++s) {
     const plan::Step &step = rankProto->steps(s);
+    issuing = s;
     if (step.has_launch()) {
       const plan::Launch &launch = step.launch();
       auto start = std::chrono::steady_clock::now();
@@ -365,10 +368,16 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
     if (afterStep)
       afterStep(s);
   }
+  issuing = -1; // the final synchronisation waits for all of them
   if (absl::Status synced = dev->synchronize(); !synced.ok())
     return absl::InternalError(absl::StrCat("a kernel failed on ", dev->name(), ": ", synced.message(),
                                             " (set MOEC_SYNC_STEPS=1 to find the step)"));
   return absl::OkStatus();
+}
+
+std::string Executor::issuingStep() const {
+  int s = issuing;
+  return s < 0 ? std::string("outside the plan's steps") : stepName(s, rankProto->steps(s));
 }
 
 absl::Status Executor::setCommunicators(std::vector<comm::Communicator *> byGroup) {

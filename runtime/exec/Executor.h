@@ -19,6 +19,7 @@
 #ifndef RUNTIME_EXEC_EXECUTOR_H_
 #define RUNTIME_EXEC_EXECUTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -108,6 +109,9 @@ public:
   double collectiveSeconds() const { return collectiveTime; }
   /// Of that, the expert exchange's parts: "zeroing X ms, messages Y ms, regrouping Z ms".
   std::string exchangeBreakdown() const;
+  /// The step the host is issuing now ("step 12 (expert_dispatch) [moe.all_to_all_dispatch in
+  /// @..[3]]"), for a watchdog on another thread; the device may be behind it.
+  std::string issuingStep() const;
 
 private:
   Executor() = default;
@@ -151,6 +155,7 @@ private:
   bool timeCollectives = false;
   double collectiveTime = 0;
   double exchangeTime[3] = {0, 0, 0}; // zeroing, messages, regrouping
+  std::atomic<int> issuing{-1};
 };
 
 } // namespace moec::runtime

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <iostream>
@@ -137,26 +138,41 @@ int runLocalProcesses(int n, const std::vector<std::string> &argv) {
     children.push_back(pid);
   }
   // The first failure stops the others (they would wait on it in a collective until the
-  // timeout); its exit status is the run's.
+  // timeout): SIGTERM, then after 10 s SIGKILL (a stopped or hung rank ignores the first).
+  // Its exit status is the run's.
   int result = 0, left = n;
+  std::vector<bool> running(children.size(), true);
+  auto deadline = std::chrono::steady_clock::time_point::max();
   while (left > 0) {
     int status = 0;
-    pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR)
-        continue;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno != EINTR)
       break;
+    if (pid <= 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (size_t k = 0; k < children.size(); ++k)
+          if (running[k]) {
+            kill(children[k], SIGKILL);
+            kill(children[k], SIGCONT);
+          }
+        deadline = std::chrono::steady_clock::time_point::max();
+      }
+      usleep(20000);
+      continue;
     }
     --left;
     int rank = static_cast<int>(std::find(children.begin(), children.end(), pid) - children.begin());
+    if (rank < static_cast<int>(running.size()))
+      running[rank] = false;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0 && result == 0) {
       result = code;
       if (code != 130) // an interrupt reaches every rank by itself
         std::cerr << "moe-run: rank " << rank << " exited with status " << code << "; stopping the others\n";
       for (size_t k = 0; k < children.size(); ++k)
-        if (static_cast<int>(k) != rank)
+        if (running[k])
           kill(children[k], SIGTERM);
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     }
   }
   return result;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -29,6 +30,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -211,6 +213,64 @@ absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
   session.trainer = std::make_unique<Trainer>(*session.executor);
   session.trainer->setWorld(session.links.everyone);
   return absl::OkStatus();
+}
+
+/// Ends a process rank that makes no progress for `seconds` (a peer that died or hangs: NCCL
+/// would wait in its kernel for ever) with a message naming the step being issued; the
+/// launcher (--nproc, torchrun) then stops the others. MOEC_RANK_TIMEOUT overrides the time.
+class Watchdog {
+public:
+  Watchdog(const Executor &executor, int rank, double seconds)
+      : executor(executor), rank(rank), seconds(seconds), thread([this] { watch(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+    }
+    wake.notify_all();
+    thread.join();
+  }
+  void beat(int64_t step) {
+    std::lock_guard<std::mutex> lock(mutex);
+    last = std::chrono::steady_clock::now();
+    trainingStep = step;
+  }
+
+private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!wake.wait_for(lock, std::chrono::seconds(1), [this] { return done; })) {
+      double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count();
+      if (idle < seconds)
+        continue;
+      std::fprintf(stderr,
+                   "moe-run: rank %d: no progress for %.0f s in training step %lld, issuing %s (a rank that "
+                   "stopped, or a collective that never completes); stopping\n",
+                   rank, idle, static_cast<long long>(trainingStep + 1), executor.issuingStep().c_str());
+      std::fflush(stderr);
+      _exit(124);
+    }
+  }
+
+  const Executor &executor;
+  int rank;
+  double seconds;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool done = false;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  int64_t trainingStep = 0;
+  std::thread thread;
+};
+
+/// The watchdog of a process rank (thread ranks time out in the CPU communicator).
+std::unique_ptr<Watchdog> watchdogFor(const Session &session, const RankSetup &setup) {
+  if (!setup.process)
+    return nullptr;
+  double seconds = kRankTimeoutSeconds;
+  if (const char *text = std::getenv("MOEC_RANK_TIMEOUT"); text && std::atof(text) > 0)
+    seconds = std::atof(text);
+  return std::make_unique<Watchdog>(*session.executor, setup.rank, seconds);
 }
 
 /// Whether any rank wants to stop (an interrupt reaches ranks at different steps; they
@@ -405,7 +465,10 @@ int runTrain(Args &args, const RankSetup &setup) {
   int64_t tokensPerStep = session.plan.seq_len() * session.plan.micro_batch() * shards;
   auto start = std::chrono::steady_clock::now();
   int64_t first = session.trainer->step();
+  std::unique_ptr<Watchdog> watchdog = watchdogFor(session, setup);
   while (session.trainer->step() < steps) {
+    if (watchdog)
+      watchdog->beat(session.trainer->step());
     absl::StatusOr<bool> stop = anyRankStops(session, interrupted);
     if (!stop.ok())
       return fail(std::string(stop.status().message()));
@@ -543,7 +606,10 @@ int runBench(Args &args, const RankSetup &setup) {
     if (step.has_launch())
       flops += step.launch().flops();
   std::vector<double> times;
+  std::unique_ptr<Watchdog> watchdog = watchdogFor(session, setup);
   for (int64_t i = 0; i < warmup + steps; ++i) {
+    if (watchdog)
+      watchdog->beat(i);
     auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepStats> stats = session.trainer->trainStep(batch);
     if (!stats.ok())
