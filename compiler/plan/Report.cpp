@@ -3,8 +3,10 @@
 #include "compiler/plan/Report.h"
 
 #include <map>
+#include <tuple>
 
 #include "compiler/analysis/ModelSummary.h"
+#include "dialects/moe/MeshShape.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -95,8 +97,70 @@ void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &
                        gib(scratch).c_str(), withCommas(scratch).c_str());
   os << llvm::format("  %-18s %14s  %s\n", "peak", gib(program.peakBytes()).c_str(),
                      withCommas(program.peakBytes()).c_str());
-  os << "steps: " << program.steps.size() << " kernel launches, " << program.buffers.size()
-     << " buffers\n";
+  int64_t collectives = 0;
+  for (const ProgramStep &step : program.steps)
+    collectives += !step.collective.empty();
+  os << "steps: " << program.steps.size() - collectives << " kernel launches, " << collectives
+     << " collectives, " << program.buffers.size() << " buffers\n";
+  if (collectives)
+    printCollectives(model, program, os);
+}
+
+void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostream &os) {
+  moe::MeshShape mesh;
+  std::string error;
+  if (auto text = model->getAttrOfType<StringAttr>("mesh"))
+    (void)moe::MeshShape::parse(text.str(), mesh, error);
+  auto groupSize = [&](StringRef axes) {
+    int64_t n = 1;
+    SmallVector<StringRef> parts;
+    axes.split(parts, '+');
+    for (StringRef axis : parts)
+      n *= mesh.axisSize(axis.str());
+    return n;
+  };
+  // Per (collective, axis, phase): how many, and the bytes this rank sends per step (ring
+  // all-reduce 2(n-1)/n of the tensor; the expert exchange the (n-1)/n of its rows that
+  // balanced routing sends to other ranks, counted once per direction of the layout).
+  struct Row {
+    int64_t count = 0, bytes = 0;
+  };
+  std::map<std::tuple<std::string, std::string, int>, Row> rows;
+  for (const ProgramStep &step : program.steps) {
+    if (step.collective.empty())
+      continue;
+    int64_t n = groupSize(step.axis), bytes = 0;
+    if (step.collective == "all_reduce") {
+      for (int id : step.inputs)
+        bytes += program.buffers[id].bytes;
+      bytes = bytes * 2 * (n - 1) / std::max<int64_t>(n, 1);
+    } else { // the rank-side rows: the dispatch's input, the combine's output
+      const ProgramBuffer &rankSide = step.collective == "expert_dispatch" ? program.buffers[step.inputs[0]]
+                                                                           : program.buffers[step.outputs[0]];
+      bytes = rankSide.bytes * (n - 1) / std::max<int64_t>(n, 1);
+    }
+    Row &row = rows[{step.collective, step.axis, static_cast<int>(step.phase)}];
+    ++row.count;
+    row.bytes += bytes;
+  }
+  os << "\ncollectives per step (mesh " << mesh.str() << "; bytes this rank sends, balanced routing):\n";
+  os << llvm::format("  %-16s %-6s %-9s %6s %14s  %s\n", "collective", "axis", "phase", "count", "bytes", "why");
+  int64_t total = 0;
+  for (auto &[key, row] : rows) {
+    auto &[kind, axis, phase] = key;
+    const char *why = kind == "all_reduce"
+                          ? "LoRA gradients of a layer, summed over the ranks that train the same tensor on "
+                            "other tokens (--moe-sync-gradients)"
+                      : kind == "expert_dispatch"
+                          ? "rows to the ranks of their experts: routed experts split over ep "
+                            "(--moe-propagate-sharding); in the backward, the gradients of a combine"
+                          : "expert results back to the rows' ranks; in the backward, the gradients of a dispatch";
+    const char *phaseName = phase == plan::FORWARD ? "forward" : phase == plan::BACKWARD ? "backward" : "recompute";
+    os << llvm::format("  %-16s %-6s %-9s %6lld %14s  %s\n", kind.c_str(), axis.c_str(), phaseName,
+                       static_cast<long long>(row.count), analysis::withCommas(row.bytes).c_str(), why);
+    total += row.bytes;
+  }
+  os << "  total " << analysis::withCommas(total) << " bytes (" << gib(total) << ") per step per rank\n";
 }
 
 } // namespace moec::compiler

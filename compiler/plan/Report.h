@@ -13,6 +13,10 @@ namespace moec::compiler {
 /// buffers and steps the plan holds.
 void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &os);
 
+/// The collectives of a sharded program: per kind, axis and phase, how many per step, the
+/// bytes this rank sends, and why the sharding needs them.
+void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostream &os);
+
 } // namespace moec::compiler
 
 #endif // COMPILER_PLAN_REPORT_H_

@@ -139,8 +139,8 @@ int runCompile(int argc, char **argv) {
   cl::opt<std::string> meshText(
       "mesh", cl::value_desc("dp=N,tp=N,pp=N,ep=N"),
       cl::desc("Device mesh: the plan holds one program per rank (dp and ep so far; --micro-batch "
-               "is per rank); with --emit=report, per-GPU memory and communication by simulation "
-               "for any mesh"));
+               "is per rank); --emit=report lists its collectives, and for a mesh with tp or pp "
+               "estimates per-GPU memory and communication by simulation"));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -210,9 +210,9 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.fuse = !noFuse;
   options.fuseChunkTokens = fuseChunkTokens;
-  // A report on a mesh is a simulation from the single-rank program (any mesh, tp and pp
-  // included); a plan is compiled for the mesh itself.
-  bool meshReport = emit == Action::Report && !mesh.single();
+  // A report on a mesh plans can run (dp, ep) is the plan's own, its collectives included; on
+  // any other mesh (tp, pp) a simulation from the single-rank program.
+  bool meshReport = emit == Action::Report && !mesh.single() && (mesh.tp > 1 || mesh.pp > 1);
   if (!mesh.single() && !meshReport)
     options.mesh = mesh.str();
   mlir::PassManager pm(&context);

@@ -7,6 +7,8 @@
 // RUN:   --seq-len 96 --micro-batch 1 --mesh dp=2,ep=2 --emit=plan-text | FileCheck %s
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
 // RUN:   --mesh dp=2,tp=2,pp=2,ep=2 --emit=report | FileCheck %s --check-prefix=REPORT
+// RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
+// RUN:   --mesh dp=2,ep=2 --emit=report | FileCheck %s --check-prefix=PLANREPORT
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
 // RUN:   --mesh tp=2 -o %t.moeplan 2>&1 | FileCheck %s --check-prefix=TP
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
@@ -37,6 +39,17 @@
 // REPORT: fits in 141 GB: yes
 // REPORT: all-to-all      dispatch+combine
 // REPORT: all-reduce      LoRA gradients        step      dp+ep
+
+// A plan's report lists its collectives. Per layer (2), each direction of the expert exchange
+// moves the rank's 96 tokens x top-2 rows of 64 f32 (49,152 bytes), half of them to the other
+// expert-parallel rank: 2 x 24,576 bytes per kind and phase. The adapter of q_proj (A [8, 64],
+// B [64, 8], f32: 4,096 bytes a layer) is summed over all four ranks: a ring sends 2 x 3/4 of it.
+// PLANREPORT: collectives per step (mesh dp=2,ep=2; bytes this rank sends, balanced routing):
+// PLANREPORT: all_reduce       dp+ep  backward       2         12,288  LoRA gradients
+// PLANREPORT: expert_combine   ep     forward        2         49,152  expert results back
+// PLANREPORT: expert_combine   ep     backward       2         49,152
+// PLANREPORT: expert_dispatch  ep     forward        2         49,152  rows to the ranks of their experts
+// PLANREPORT: expert_dispatch  ep     backward       2         49,152
 
 // TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp and ep are)
 // TP: moec: error: compiling {{.*}} failed
