@@ -533,6 +533,8 @@ int runTrain(Args &args, const RankSetup &setup) {
 int runForward(Args &args) {
   if (!args.positional.empty())
     return fail("unexpected argument '" + args.positional.front() + "' (flags start with --)");
+  if (args.has("nproc"))
+    return fail("forward runs one rank: compile its plan without --mesh");
   Session session;
   if (absl::Status s = openSession(args, session, RankSetup{}); !s.ok())
     return fail(std::string(s.message()));
