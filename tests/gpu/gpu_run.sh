@@ -27,7 +27,7 @@ if [ "${1:-}" = pack ]; then
   # Kernel micro-benchmarks: cc_binary targets named *_bench next to the CUDA kernels.
   benches=$(bazel query 'filter("_bench$", kind(cc_binary, //runtime/kernels/cuda/...))' 2>/dev/null)
   bazel build $tests $benches //runtime/backends/cuda:device_probe_test //runtime/tools:moe-run \
-    //tests/golden:moe-align //tests/golden:moe-mesh-check //compiler/tools:moec
+    //tests/golden:moe-align //tests/golden:moe-mesh-check //runtime/comm:exchange_bench //compiler/tools:moec
   bin="$(bazel info bazel-bin 2>/dev/null)"
   rm -rf "$pack" && mkdir -p "$pack/bin/tests" "$pack/bin/bench" "$pack/lib" "$pack/plans"
   for b in $benches; do
@@ -38,7 +38,7 @@ if [ "${1:-}" = pack ]; then
     install -m 755 "$bin/$path" "$pack/bin/tests/$(echo "${t#//}" | tr '/:' '__')"
   done
   install -m 755 "$bin/runtime/tools/moe-run" "$bin/tests/golden/moe-align" "$bin/tests/golden/moe-mesh-check" \
-    "$pack/bin/"
+    "$bin/runtime/comm/exchange_bench" "$pack/bin/"
   strip "$pack"/bin/* "$pack"/bin/tests/* "$pack"/bin/bench/* 2>/dev/null || true
   # Libraries the binaries load that a bare GPU machine may lack (not glibc itself).
   for f in "$pack"/bin/* "$pack"/bin/tests/* "$pack"/bin/bench/*; do
@@ -136,6 +136,11 @@ if [ "$1" = mesh ]; then
       "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
         --random-weights 0 --steps 5 --warmup 2 --nproc $nproc 2>&1 || echo "FAILED: $mesh"
     } | tee -a "$out/scale.log"
+  done
+  # The expert exchange against a plain NCCL all-to-all, at Qwen3-30B-A3B's dispatch sizes.
+  gpus=$(nvidia-smi -L | wc -l)
+  for tokens in 4096 16384; do
+    "$pack/bin/exchange_bench" --nproc "$gpus" --tokens $tokens 2>&1 | tee -a "$out/exchange_bench.log"
   done
   # A rank that hangs (stopped here) must not hang the run: rank 0's watchdog names its step
   # and exits, and --nproc stops the stopped rank.
