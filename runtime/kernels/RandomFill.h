@@ -8,7 +8,9 @@
 //
 // Attributes: `kind` ("normal", "zeros", "ones", "a_log", "dt_bias"), `std`
 // (for normal), `stream` (an integer per tensor: the seed mixed with a hash
-// of its name, computed by the host).
+// of its name, computed by the host), `first_index` (0 unless the buffer is
+// part of the tensor: an expert-parallel rank's experts are elements
+// first_index.. of the whole tensor, so every mesh makes the same model).
 //
 //===----------------------------------------------------------------------===//
 

@@ -141,6 +141,15 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
     for (unsigned char c : name)
       hash = (hash ^ c) * 1099511628211ull;
     attrs["stream"].set_i(static_cast<int64_t>(seed ^ hash));
+    // An expert-parallel rank's part of a tensor: its elements where the whole tensor has them.
+    const moec::plan::Buffer &buffer = rank.buffers(static_cast<int>(binding.buffer()));
+    int64_t perRow = 1;
+    for (int d = 1; d < buffer.shape_size(); ++d)
+      perRow *= buffer.shape(d);
+    int64_t firstRow = binding.first_expert();
+    if (binding.slice().dims_size() > 0)
+      firstRow = binding.slice().dims(0).start();
+    attrs["first_index"].set_i(firstRow * perRow);
     if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
       return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));
   }

@@ -28,9 +28,10 @@ void fillRandom(KernelContext &ctx) {
   int kind = kindOf(ctx);
   double stddev = ctx.attrFloat("std", 0.02);
   uint64_t stream = static_cast<uint64_t>(ctx.attrInt("stream"));
+  uint64_t first = static_cast<uint64_t>(ctx.attrInt("first_index", 0));
   ctx.parallelFor(out.numel(), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      data[i] = random::value(kind, stddev, stream, static_cast<uint64_t>(i));
+      data[i] = random::value(kind, stddev, stream, first + static_cast<uint64_t>(i));
   });
 }
 

@@ -55,6 +55,17 @@ TEST(FillRandom, APureFunctionOfStreamAndIndex) {
   EXPECT_TRUE(std::equal(shorter.begin(), shorter.end(), longer.begin()));
 }
 
+TEST(FillRandom, FirstIndexGivesAPartOfTheWholeTensor) {
+  // An expert-parallel rank's half of a tensor: elements 1200.. of the whole one.
+  std::vector<float> whole = fill("normal", 2400, 42);
+  KernelCall call(registry(), "fill_random");
+  call.output(plan::F32, {1200}).attr("kind", "normal").attr("stream", int64_t(42)).attr("std", 0.02);
+  call.attr("first_index", int64_t(1200));
+  call.run();
+  std::vector<float> part = call.result(0).floats();
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + 1200));
+}
+
 TEST(FillRandom, RejectsUnknownKinds) {
   KernelCall call(registry(), "fill_random");
   call.output(plan::F32, {4}).attr("kind", "uniform").attr("stream", int64_t(1));
