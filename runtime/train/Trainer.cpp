@@ -191,6 +191,10 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
   if (copies && !countsAtStep.empty()) {
     const CountsSlot &last = countsAtStep.rbegin()->second;
     std::vector<int64_t> all(last.offset + last.count);
+    // On several ranks, the load of the global batch: every rank's tokens per expert, summed.
+    if (world && executor.planProto().ranks_size() > 1)
+      if (absl::Status s = world->allReduce(copies, copies, all.size(), plan::I64); !s.ok())
+        return absl::Status(s.code(), absl::StrCat("summing expert loads over ranks: ", s.message()));
     if (absl::Status s = executor.device().download(all.data(), copies, all.size() * sizeof(int64_t)); !s.ok())
       return s;
     for (const auto &[step, slot] : countsAtStep)

@@ -31,7 +31,8 @@ struct StepStats {
   int64_t step = 0; // optimizer steps taken, after this one
   float loss = 0;
   double lr = 0, gradNorm = 0;
-  /// Tokens routed to each expert, per MoE layer (forward of this step).
+  /// Tokens routed to each expert, per MoE layer (forward of this step; of the global batch
+  /// when the plan has several ranks).
   std::map<int, std::vector<int64_t>> expertLoad;
 };
 
