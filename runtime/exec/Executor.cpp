@@ -294,14 +294,32 @@ absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
                               const google::protobuf::Map<std::string, plan::Attr> &attrs,
                               const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
                               bool zeroOutputs) {
+  // Rows an expert exchange filled in this run: a launch that reads such a buffer sees only
+  // those rows, and so do its other activations with the same rows (the expert MLP's result,
+  // its gradients). The rest is room for rows no rank sent; nothing reads it.
+  int64_t room = 0, valid = 0;
+  for (uint32_t id : inputs)
+    if (auto it = receivedRows.find(id); it != receivedRows.end()) {
+      room = rankProto->buffers(static_cast<int>(id)).shape(0);
+      valid = it->second;
+      break;
+    }
+  auto view = [&](uint32_t id) {
+    TensorRef ref = buffer(id);
+    plan::Role role = rankProto->buffers(static_cast<int>(id)).role();
+    if (room && !ref.shape.empty() && ref.shape[0] == room &&
+        (role == plan::ACTIVATION || role == plan::WORKSPACE))
+      ref.shape[0] = valid;
+    return ref;
+  };
   std::vector<TensorRef> in, out;
   for (uint32_t id : inputs)
-    in.push_back(buffer(id));
+    in.push_back(view(id));
   for (uint32_t id : outputs) {
-    out.push_back(buffer(id));
+    out.push_back(view(id));
     if (zeroOutputs)
-      if (absl::Status z = dev->zero(out.back().data,
-                                     static_cast<size_t>(rankProto->buffers(static_cast<int>(id)).size_bytes()));
+      if (absl::Status z = dev->zero(out.back().data, static_cast<size_t>(out.back().numel()) *
+                                                          comm::elementBytes(out.back().dtype));
           !z.ok())
         return z;
   }
@@ -334,6 +352,7 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
   if (profile)
     profile->startRun();
   exchangeLayouts.clear(); // this run's counts are new
+  receivedRows.clear();
   for (int s = 0; s < rankProto->steps_size(); ++s) {
     const plan::Step &step = rankProto->steps(s);
     issuing = s;

@@ -152,6 +152,8 @@ private:
   /// Host copies of each expert exchange's counts and layout in this run, by their buffers
   /// (counts, source_counts).
   std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<int64_t>, std::vector<int64_t>>> exchangeLayouts;
+  /// Rows each expert dispatch received in this run, by its result buffer (see invoke()).
+  std::map<uint32_t, int64_t> receivedRows;
   bool timeCollectives = false;
   double collectiveTime = 0;
   double exchangeTime[3] = {0, 0, 0}; // zeroing, messages, regrouping

@@ -98,6 +98,8 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
                                             " rows"));
   if (absl::Status s = reserveStaging(received * rowBytes); !s.ok())
     return s;
+  if (dispatch) // the launches that read them see these rows only
+    receivedRows[collective.outputs(0)] = static_cast<int64_t>(received);
   // With collectives timed: each part's time on its own (a synchronisation after each).
   auto part = [&](int which, const std::function<absl::Status()> &work) -> absl::Status {
     auto start = std::chrono::steady_clock::now();
