@@ -36,6 +36,9 @@ public:
   virtual absl::Status copy(void *dst, const void *src, size_t bytes) = 0;
   /// Zeroes device memory, ordered with the kernels.
   virtual absl::Status zero(void *dst, size_t bytes) = 0;
+  /// A small host-to-device copy that does not wait for the device: the bytes are staged
+  /// first (the host buffer may go at once), the copy is ordered with the kernels.
+  virtual absl::Status uploadStaged(void *dst, const void *host, size_t bytes) { return upload(dst, host, bytes); }
   /// One of copyBlocks's copies: `bytes` from `src + from` to `dst + to`.
   struct Block {
     size_t to, from, bytes;

@@ -36,14 +36,15 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
     perExpert = known->second.first;
     perSource = known->second.second;
   } else {
-    if (absl::Status s = dev->download(perExpert.data(), counts.data, perExpert.size() * sizeof(int64_t)); !s.ok())
-      return s;
     if (exchangeCounts) {
-      // Rank j learns how many rows of each of its experts every rank sends it.
+      // Rank j learns how many rows of each of its experts every rank sends it (fixed sizes:
+      // no host counts needed), before the one wait for the device below.
       std::vector<size_t> blocks(static_cast<size_t>(n), static_cast<size_t>(local));
       if (absl::Status s = comm.allToAll(counts.data, blocks, sources.data, blocks, plan::I64); !s.ok())
         return s;
     }
+    if (absl::Status s = dev->download(perExpert.data(), counts.data, perExpert.size() * sizeof(int64_t)); !s.ok())
+      return s;
     if (absl::Status s = dev->download(perSource.data(), sources.data, perSource.size() * sizeof(int64_t)); !s.ok())
       return s;
     exchangeLayouts[{countsId, sourcesId}] = {perExpert, perSource};
@@ -54,7 +55,8 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
       for (int64_t e = 0; e < local; ++e)
         localCounts[e] += perSource[src * local + e];
     TensorRef out = buffer(collective.outputs(1));
-    if (absl::Status s = dev->upload(out.data, localCounts.data(), localCounts.size() * sizeof(int64_t)); !s.ok())
+    if (absl::Status s = dev->uploadStaged(out.data, localCounts.data(), localCounts.size() * sizeof(int64_t));
+        !s.ok())
       return s;
   }
   // Rank side: rows grouped by global expert, so the rows for rank j (experts

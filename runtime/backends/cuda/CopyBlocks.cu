@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -59,6 +60,47 @@ BlockCopier::~BlockCopier() {
   }
 }
 
+std::string BlockCopier::nextPinned(size_t bytes, int &slot) {
+  // Wait only for the upload that last read this buffer.
+  int k = next;
+  next ^= 1;
+  if (uploaded[k])
+    if (cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded[k])); e != cudaSuccess)
+      return error(e, "staged copy: waiting for a pinned buffer");
+  if (!uploaded[k]) {
+    cudaEvent_t event;
+    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess)
+      return error(e, "staged copy: cudaEventCreate");
+    uploaded[k] = event;
+  }
+  if (pinnedBytes[k] < bytes) {
+    if (pinned[k])
+      cudaFreeHost(pinned[k]);
+    pinned[k] = nullptr;
+    pinnedBytes[k] = 0;
+    if (cudaError_t e = cudaMallocHost(&pinned[k], bytes); e != cudaSuccess)
+      return error(e, "staged copy: cudaMallocHost");
+    pinnedBytes[k] = bytes;
+  }
+  slot = k;
+  return "";
+}
+
+std::string BlockCopier::upload(void *dst, const void *host, size_t bytes) {
+  if (bytes == 0)
+    return "";
+  int k = 0;
+  if (std::string e = nextPinned(bytes, k); !e.empty())
+    return e;
+  std::memcpy(pinned[k], host, bytes);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (cudaError_t e = cudaMemcpyAsync(dst, pinned[k], bytes, cudaMemcpyHostToDevice, s); e != cudaSuccess)
+    return error(e, "staged copy: cudaMemcpyAsync");
+  if (cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(uploaded[k]), s); e != cudaSuccess)
+    return error(e, "staged copy: cudaEventRecord");
+  return "";
+}
+
 std::string BlockCopier::copy(void *dst, const void *src, const std::vector<CopyBlock> &blocks) {
   size_t align = 16;
   for (const CopyBlock &b : blocks)
@@ -78,27 +120,9 @@ std::string BlockCopier::copy(void *dst, const void *src, const std::vector<Copy
     return "";
   size_t bytes = (3 * static_cast<size_t>(n) + 1) * sizeof(int64_t); // first[n + 1], to[n], from[n]
   auto s = static_cast<cudaStream_t>(stream);
-  // The host table: wait only for the upload that last read this buffer.
-  int k = next;
-  next ^= 1;
-  if (uploaded[k])
-    if (cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded[k])); e != cudaSuccess)
-      return error(e, "copyBlocks: waiting for the table buffer");
-  if (!uploaded[k]) {
-    cudaEvent_t event;
-    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess)
-      return error(e, "copyBlocks: cudaEventCreate");
-    uploaded[k] = event;
-  }
-  if (pinnedBytes[k] < bytes) {
-    if (pinned[k])
-      cudaFreeHost(pinned[k]);
-    pinned[k] = nullptr;
-    pinnedBytes[k] = 0;
-    if (cudaError_t e = cudaMallocHost(&pinned[k], bytes); e != cudaSuccess)
-      return error(e, "copyBlocks: cudaMallocHost");
-    pinnedBytes[k] = bytes;
-  }
+  int k = 0;
+  if (std::string e = nextPinned(bytes, k); !e.empty())
+    return e;
   if (tableBytes < bytes) { // a larger device table: the old one may still be read
     if (table) {
       if (cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess)

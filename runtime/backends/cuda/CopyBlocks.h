@@ -31,8 +31,14 @@ public:
 
   /// Copies every block from `src` to `dst`; an empty string or the CUDA error.
   std::string copy(void *dst, const void *src, const std::vector<CopyBlock> &blocks);
+  /// Copies `bytes` from the host to `dst` through the same pinned buffers, without waiting
+  /// for the stream.
+  std::string upload(void *dst, const void *host, size_t bytes);
 
 private:
+  /// The next pinned buffer, with room for `bytes`, once the upload that last read it is done.
+  std::string nextPinned(size_t bytes, int &slot);
+
   void *stream;
   void *pinned[2] = {nullptr, nullptr}; // host tables
   void *uploaded[2] = {nullptr, nullptr}; // events: the upload from pinned[i] is done

@@ -63,5 +63,26 @@ TEST(CopyBlocks, FourByteBlocks) { expectCopies(4, 130, 2); }
 TEST(CopyBlocks, ByteBlocks) { expectCopies(1, 257, 3); }
 TEST(CopyBlocks, Nothing) { expectCopies(16, 0, 4); }
 
+// Staged uploads: the host buffer may change right after the call; each upload lands whole.
+TEST(CopyBlocks, StagedUploads) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    GTEST_SKIP() << "no GPU available";
+  BlockCopier copier(nullptr);
+  std::vector<int64_t> host(1000);
+  int64_t *device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 5 * host.size() * sizeof(int64_t)), cudaSuccess);
+  for (int k = 0; k < 5; ++k) {
+    for (size_t i = 0; i < host.size(); ++i)
+      host[i] = k * 100000 + static_cast<int64_t>(i);
+    EXPECT_EQ(copier.upload(device + k * host.size(), host.data(), host.size() * sizeof(int64_t)), "");
+  }
+  std::vector<int64_t> got(5 * host.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), device, got.size() * sizeof(int64_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], static_cast<int64_t>(i / host.size()) * 100000 + static_cast<int64_t>(i % host.size())) << i;
+  cudaFree(device);
+}
+
 } // namespace
 } // namespace moec::runtime::cuda

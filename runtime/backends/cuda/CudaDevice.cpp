@@ -75,6 +75,12 @@ public:
   absl::Status zero(void *dst, size_t bytes) override {
     return cudaStatus(cudaMemsetAsync(dst, 0, bytes, cudaStream), "cudaMemsetAsync");
   }
+  absl::Status uploadStaged(void *dst, const void *host, size_t bytes) override {
+    if (!copier)
+      copier = std::make_unique<BlockCopier>(cudaStream);
+    std::string error = copier->upload(dst, host, bytes);
+    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
+  }
   absl::Status copyBlocks(void *dst, const void *src, const std::vector<Block> &blocks) override {
     std::vector<CopyBlock> table;
     table.reserve(blocks.size());
