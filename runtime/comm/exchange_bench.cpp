@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,7 +62,9 @@ int main(int argc, char **argv) {
   bench::check(cudaSetDevice(env->localRank), "cudaSetDevice");
   cudaStream_t stream;
   bench::check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  auto store = comm::TcpStore::open(env->masterAddr, env->masterPort, me == 0, 120);
+  // --nproc serves the store from the launching process (MOEC_STORE_SERVED).
+  bool serve = me == 0 && std::getenv("MOEC_STORE_SERVED") == nullptr;
+  auto store = comm::TcpStore::open(env->masterAddr, env->masterPort, serve, 120);
   if (!store.ok()) {
     std::fprintf(stderr, "exchange_bench: %s\n", std::string(store.status().message()).c_str());
     return 1;

@@ -58,7 +58,7 @@ RankLinks CpuRanks::links(int rank) {
 }
 
 absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::LaunchEnv &env, void *cudaStream,
-                                      double timeoutSeconds) {
+                                      double timeoutSeconds, bool storeServed) {
   if (env.worldSize != plan.ranks_size())
     return absl::InvalidArgumentError(absl::StrCat("the plan is for ", plan.ranks_size(), " ranks but ",
                                                    env.source, " started ", env.worldSize,
@@ -67,7 +67,7 @@ absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::Launch
   links.rank = env.rank;
   links.world = env.worldSize;
   absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
-      comm::TcpStore::open(env.masterAddr, env.masterPort, /*serve=*/env.rank == 0, timeoutSeconds);
+      comm::TcpStore::open(env.masterAddr, env.masterPort, /*serve=*/env.rank == 0 && !storeServed, timeoutSeconds);
   if (!store.ok())
     return store.status();
   links.store = std::move(*store);
@@ -95,23 +95,16 @@ absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::Launch
   return links;
 }
 
-int freeLocalPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof addr;
-  int port = 29500;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &length) == 0)
-    port = ntohs(addr.sin_port);
-  if (fd >= 0)
-    close(fd);
-  return port;
-}
-
 int runLocalProcesses(int n, const std::vector<std::string> &argv) {
-  int port = freeLocalPort();
+  // The store lives here, on a port the system picks (no race for a free one); the ranks
+  // only connect to it (MOEC_STORE_SERVED).
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
+      comm::TcpStore::open("127.0.0.1", 0, /*serve=*/true, /*connectTimeoutSeconds=*/30);
+  if (!store.ok()) {
+    std::cerr << "moe-run: cannot start the ranks' store: " << store.status().message() << "\n";
+    return 1;
+  }
+  int port = (*store)->port();
   std::vector<pid_t> children;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
@@ -127,6 +120,7 @@ int runLocalProcesses(int n, const std::vector<std::string> &argv) {
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("MOEC_STORE_SERVED", "1", 1);
       std::vector<char *> args;
       for (const std::string &a : argv)
         args.push_back(const_cast<char *>(a.c_str()));

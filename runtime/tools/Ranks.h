@@ -49,14 +49,12 @@ private:
   std::shared_ptr<comm::CpuGroup> all;
 };
 
-/// This process's rank of `plan` with NCCL on `cudaStream`; rank 0 serves the store at
-/// env.masterAddr:masterPort. Fails with a message when the launch and the plan disagree.
+/// This process's rank of `plan` with NCCL on `cudaStream`, through the store at
+/// env.masterAddr:masterPort, which rank 0 serves unless someone already does (`--nproc`
+/// serves it from the launching process: MOEC_STORE_SERVED=1). Fails with a message when the
+/// launch and the plan disagree.
 absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::LaunchEnv &env, void *cudaStream,
-                                      double timeoutSeconds);
-
-/// A TCP port on this host nobody listens on right now (for the store; another program
-/// taking it in between is possible, and the store then says so).
-int freeLocalPort();
+                                      double timeoutSeconds, bool storeServed = false);
 
 /// `moe-run ... --nproc N` on GPUs: re-runs this command (argv without --nproc) as N
 /// processes with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, waits for

@@ -192,7 +192,8 @@ absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
       session.links = setup.threads->links(setup.rank);
     } else {
       absl::StatusOr<RankLinks> links =
-          connectNccl(session.plan, *setup.process, session.device->stream(), kRankTimeoutSeconds);
+          connectNccl(session.plan, *setup.process, session.device->stream(), kRankTimeoutSeconds,
+                      /*storeServed=*/std::getenv("MOEC_STORE_SERVED") != nullptr);
       if (!links.ok())
         return links.status();
       session.links = std::move(*links);
@@ -640,13 +641,14 @@ int runBench(Args &args, const RankSetup &setup) {
       return fail(std::string(stats.status().message()));
     double step = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double inCollectives = session.executor->collectiveSeconds();
+    std::string exchange = session.executor->exchangeBreakdown();
     session.executor->setTimeCollectives(false);
     char text[128];
     std::snprintf(text, sizeof text, ", communication %.1f ms of a %.1f ms timed step (%.1f%%",
                   inCollectives * 1e3, step * 1e3, 100 * inCollectives / step);
     comm = text;
     if (session.plan.mesh().ep() > 1)
-      comm += "; expert exchange: " + session.executor->exchangeBreakdown();
+      comm += "; expert exchange: " + exchange;
     comm += ")";
   }
   if (!setup.lead())

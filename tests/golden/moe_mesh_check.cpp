@@ -97,7 +97,7 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
     env.localRank = rank;
     env.masterPort = where.port;
     env.source = "moe-mesh-check";
-    auto connected = connectNccl(plan, env, device->stream(), /*timeoutSeconds=*/120);
+    auto connected = connectNccl(plan, env, device->stream(), /*timeoutSeconds=*/120, /*storeServed=*/true);
     if (!connected.ok())
       return fail(connected.status());
     links = std::move(*connected);
@@ -255,7 +255,15 @@ int main(int argc, char **argv) {
   {
     CpuRanks cpu(*sharded, /*timeoutSeconds=*/120);
     where.cpu = &cpu;
-    where.port = freeLocalPort();
+    // NCCL's store, served here on a port the system picks; the ranks connect to it.
+    std::unique_ptr<comm::TcpStore> store;
+    if (where.cuda) {
+      auto opened = comm::TcpStore::open("127.0.0.1", 0, /*serve=*/true, 30);
+      if (!opened.ok())
+        return fail(std::string(opened.status().message()));
+      store = std::move(*opened);
+      where.port = store->port();
+    }
     std::vector<std::thread> threadsOfRanks;
     for (int r = 0; r < world; ++r)
       threadsOfRanks.emplace_back([&, r] {

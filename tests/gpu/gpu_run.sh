@@ -147,7 +147,7 @@ if [ "$1" = mesh ]; then
   { MOEC_RANK_TIMEOUT=20 "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.ep=2.moeplan" \
       --random-weights 0 --steps 200 --warmup 1 --nproc 2 & launcher=$!
     sleep 45; pkill -STOP -n -f "moe-run bench --backend cuda" || true
-    wait $launcher; echo "exit status $?"; } >"$out/hang.log" 2>&1
+    code=0; wait $launcher || code=$?; echo "exit status $code"; } >"$out/hang.log" 2>&1
   grep -q "no progress for" "$out/hang.log" && status=PASS || status=FAIL
   summary+=("$(printf '%-62s %-7s %s' "a stopped rank ends the run (watchdog)" "$status" "$(grep -o 'rank 0: no progress.*' "$out/hang.log" | head -1)")")
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
