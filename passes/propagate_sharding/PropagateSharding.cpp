@@ -5,6 +5,8 @@
 #include "dialects/moe/MeshShape.h"
 #include "mlir/IR/Builders.h"
 
+#define DEBUG_TYPE "moe-propagate-sharding"
+
 namespace moec::passes {
 
 #define GEN_PASS_DEF_PROPAGATESHARDINGPASS

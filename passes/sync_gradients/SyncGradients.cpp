@@ -5,6 +5,8 @@
 #include "dialects/moe/MeshShape.h"
 #include "mlir/IR/Builders.h"
 
+#define DEBUG_TYPE "moe-sync-gradients"
+
 namespace moec::passes {
 
 #define GEN_PASS_DEF_SYNCGRADIENTSPASS
