@@ -160,7 +160,8 @@ int main(int argc, char **argv) {
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
   if (args.positional.size() != 1 || meshText.empty())
-    return fail("usage: moe-mesh-check DIR --mesh dp=N [--dtype float32|bfloat16] [--cpu-threads N]");
+    return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
+                "[--cpu-threads N] [--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
   if (!moe::MeshShape::parse(meshText, mesh, error))
