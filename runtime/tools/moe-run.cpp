@@ -504,7 +504,18 @@ int runTrain(Args &args, const RankSetup &setup) {
       }
       double imbalance = total ? most * static_cast<double>(counts.size()) / total : 0;
       absl::StrAppend(&load, load.empty() ? "" : ",", "\"", layer, "\":{\"tokens\":[", absl::StrJoin(counts, ","),
-                      "],\"imbalance\":", imbalance, "}");
+                      "],\"imbalance\":", imbalance);
+      // Experts split over ep: the rows each expert-parallel rank receives, and their
+      // imbalance (what decides the slowest rank; input for placing experts).
+      if (int ep = session.plan.mesh().ep(); ep > 1 && counts.size() % ep == 0) {
+        std::vector<int64_t> perRank(static_cast<size_t>(ep), 0);
+        for (size_t e = 0; e < counts.size(); ++e)
+          perRank[e / (counts.size() / ep)] += counts[e];
+        int64_t busiest = *std::max_element(perRank.begin(), perRank.end());
+        absl::StrAppend(&load, ",\"ep_ranks\":[", absl::StrJoin(perRank, ","), "],\"ep_imbalance\":",
+                        total ? busiest * static_cast<double>(ep) / total : 0);
+      }
+      absl::StrAppend(&load, "}");
     }
     metrics << "{\"step\":" << stats->step << ",\"loss\":" << stats->loss << ",\"lr\":" << stats->lr
             << ",\"grad_norm\":" << stats->gradNorm << ",\"tokens_per_s\":" << tokensPerSecond

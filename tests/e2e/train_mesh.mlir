@@ -18,7 +18,7 @@
 // RUN: python3 %inputs/same_losses.py %t/mesh/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
 // RUN:   | FileCheck %s --check-prefix=SAME
 // The metrics speak of the global batch: 4 x 32 tokens per step, top-2 (expert loads summed
-// over the ranks).
+// over the ranks, and the rows of each expert-parallel rank).
 // RUN: python3 %inputs/check_metrics.py %t/mesh/metrics.jsonl 4 128 2 | FileCheck %s --check-prefix=METRICS
 // Random weights made on each rank are its part of the one-rank model (its experts' elements
 // where the whole tensors have them): the same losses again.
@@ -46,6 +46,8 @@
 // SAME: 4 steps agree within 1e-05
 // SAME-RANDOM: 3 steps agree within 1e-05
 // METRICS: 4 steps
+// RUN: grep -c '"ep_ranks":\[' %t/mesh/metrics.jsonl | FileCheck %s --check-prefix=EPRANKS
+// EPRANKS: 4
 // NOPROC: moe-run: error: {{.*}}mesh.moeplan is for 4 ranks (mesh 2x1x1x2), this run has 1: start it with --nproc 4 (or a launcher: torchrun, srun, mpirun)
 // EXTRA: moe-run: error: {{.*}}single.moeplan is for 1 ranks (mesh 1x1x1x1), this run has 2: run it without --nproc
 // BENCH: Qwen3MoeForCausalLM on cpu ({{.*}}) (rank 0 of 4): 32 tokens per step per rank, {{.*}}, communication {{.*}} ms of a {{.*}} ms timed step

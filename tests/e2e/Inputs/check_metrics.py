@@ -5,7 +5,8 @@ usage: check_metrics.py METRICS.jsonl STEPS TOKENS_PER_STEP TOP_K
 
 Every line must be one JSON object, for steps 1..STEPS in order, with exactly the keys step,
 loss, lr, grad_norm, tokens_per_s and expert_load (layer -> {tokens: [per expert], imbalance}),
-where each layer's tokens add up to TOKENS_PER_STEP * TOP_K and imbalance = max / mean.
+where each layer's tokens add up to TOKENS_PER_STEP * TOP_K and imbalance = max / mean (with
+experts split over ep also ep_ranks, the rows each rank's experts get, and their ep_imbalance).
 Exits 1 with a message naming the line on the first problem. Last, it says whether the loss of
 the last step is more than 1 (nat) below the loss of step 1.
 """
@@ -36,6 +37,13 @@ def main():
                     sys.exit("%s: layer %s routes %d tokens, expected %d" % (where, layer, sum(counts), tokens * top_k))
                 if abs(load["imbalance"] - max(counts) * len(counts) / sum(counts)) > 1e-4:
                     sys.exit("%s: layer %s imbalance %r, expected max/mean" % (where, layer, load["imbalance"]))
+                if "ep_ranks" in load:  # experts split over ep: rows per expert-parallel rank
+                    ranks = load["ep_ranks"]
+                    per = len(counts) // len(ranks)
+                    if ranks != [sum(counts[r * per:(r + 1) * per]) for r in range(len(ranks))]:
+                        sys.exit("%s: layer %s ep_ranks %r are not the sums of %d experts each" % (where, layer, ranks, per))
+                    if abs(load["ep_imbalance"] - max(ranks) * len(ranks) / sum(counts)) > 1e-4:
+                        sys.exit("%s: layer %s ep_imbalance %r, expected max/mean" % (where, layer, load["ep_imbalance"]))
             rows.append(row)
     if len(rows) != steps:
         sys.exit("%s: %d lines, expected %d" % (path, len(rows), steps))
