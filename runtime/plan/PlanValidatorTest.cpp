@@ -281,6 +281,77 @@ TEST_F(PlanValidatorTest, RejectsGroupThatAMemberDoesNotDeclare) {
   EXPECT_THAT(message, HasSubstr("group dp [0,1] (declared by rank 1 as groups[0]): member rank 0 does not declare it"));
 }
 
+TEST_F(PlanValidatorTest, AcceptsJoinedAxesAndRejectsARepeatedOne) {
+  for (Rank &rank : *plan.mutable_ranks())
+    rank.mutable_groups(0)->set_axis("dp+ep");
+  plan.mutable_mesh()->set_tp(1);
+  plan.mutable_mesh()->set_dp(2);
+  EXPECT_EQ(messageOf(plan), "OK");
+  for (Rank &rank : *plan.mutable_ranks())
+    rank.mutable_groups(0)->set_axis("dp+dp");
+  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, groups[0] (dp+dp): axis is \"dp+dp\", expected mesh axes "
+                                         "(\"dp\", \"tp\", \"ep\", \"pp\") joined by '+', each once"));
+}
+
+/// Step 4 of both ranks becomes an expert dispatch over the two-rank group: rows [6, 8] f32
+/// and counts [4] in, received [2 x 6, 8], local counts [2] and source counts [2, 2] out (input
+/// buffers appended past the test plan's inputs, so no live range conflicts).
+void makeExpertDispatch(Plan &plan, std::initializer_list<int64_t> received) {
+  for (Rank &rank : *plan.mutable_ranks()) {
+    int64_t at = 2056;
+    auto add = [&](const char *name, DType dtype, std::initializer_list<int64_t> shape) {
+      Buffer *b = rank.add_buffers();
+      b->set_id(rank.buffers_size() - 1);
+      b->set_name(name);
+      b->set_role(INPUT);
+      b->set_dtype(dtype);
+      int64_t elements = 1;
+      for (int64_t d : shape) {
+        b->add_shape(d);
+        elements *= d;
+      }
+      b->set_offset(at);
+      b->set_size_bytes(elements * (dtype == I64 ? 8 : 4));
+      at += b->size_bytes();
+      b->set_first_step(0);
+      b->set_last_step(9);
+      return b->id();
+    };
+    uint32_t rows = add("rows", F32, {6, 8}), counts = add("counts", I64, {4}),
+             result = add("received", F32, received), local = add("local", I64, {2}),
+             sources = add("sources", I64, {2, 2});
+    for (Arena &arena : *rank.mutable_arenas())
+      if (arena.role() == INPUT)
+        arena.set_size_bytes(at);
+    Collective *c = rank.mutable_steps(4)->mutable_collective();
+    c->set_kind(Collective::EXPERT_DISPATCH);
+    c->clear_inputs();
+    c->clear_outputs();
+    for (uint32_t id : {rows, counts})
+      c->add_inputs(id);
+    for (uint32_t id : {result, local, sources})
+      c->add_outputs(id);
+  }
+}
+
+TEST_F(PlanValidatorTest, AcceptsAnExpertDispatchOfTheRightShapes) {
+  makeExpertDispatch(plan, {12, 8});
+  EXPECT_EQ(messageOf(plan), "OK");
+}
+
+TEST_F(PlanValidatorTest, RejectsAnExpertDispatchWithoutRoomForEveryRanksRows) {
+  makeExpertDispatch(plan, {10, 8});
+  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 4 (expert_dispatch): expert_dispatch: rows are [6,8] and "
+                                         "[10,8], expected [N, D] and [2 N, D] (group size 2)"));
+}
+
+TEST_F(PlanValidatorTest, RejectsAnExpertDispatchWithMissingOutputs) {
+  makeExpertDispatch(plan, {12, 8});
+  rank0().mutable_steps(4)->mutable_collective()->mutable_outputs()->RemoveLast();
+  EXPECT_THAT(messageOf(plan), HasSubstr("expert_dispatch has 2 inputs and 2 outputs, expected (rows, counts) -> "
+                                         "(received, local_counts, source_counts)"));
+}
+
 TEST_F(PlanValidatorTest, RejectsMembersIssuingDifferentCollectives) {
   plan.mutable_ranks(1)->mutable_steps(8)->mutable_collective()->set_kind(Collective::BROADCAST);
   EXPECT_THAT(messageOf(plan), HasSubstr("group tp [0,1]: collective #1 on it is broadcast at rank 1 step 8 but "
