@@ -703,6 +703,9 @@ int runInit(Args &args) {
   absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(planPath);
   if (!plan.ok())
     return fail(std::string(plan.status().message()));
+  if (plan->ranks_size() > 1) // a rank's plan binds only its part of the experts
+    return fail(planPath + " is for " + std::to_string(plan->ranks_size()) +
+                " ranks; init writes the whole model: give it a plan compiled without --mesh");
   // The file holds every weight in f32: say so before a real-size model fills the disk.
   int64_t elements = 0;
   for (const moec::plan::Buffer &buffer : plan->ranks(0).buffers())

@@ -32,6 +32,8 @@
 // RUN:     --out %t/x --steps 1 2>&1 | FileCheck %s --check-prefix=NOPROC
 // RUN: not moe-run train --plan %t/single.moeplan --model %t/model --data %inputs/train.jsonl \
 // RUN:     --out %t/y --steps 1 --nproc 2 2>&1 | FileCheck %s --check-prefix=EXTRA
+// RUN: not moe-run init %root/models/tiny-qwen3-moe/config.json --plan %t/mesh.moeplan -o %t/bad 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=INIT
 // RUN: moe-run bench --plan %t/mesh.moeplan --model %t/model --steps 2 --warmup 1 --nproc 4 \
 // RUN:   | FileCheck %s --check-prefix=BENCH
 
@@ -49,5 +51,6 @@
 // RUN: grep -c '"ep_ranks":\[' %t/mesh/metrics.jsonl | FileCheck %s --check-prefix=EPRANKS
 // EPRANKS: 4
 // NOPROC: moe-run: error: {{.*}}mesh.moeplan is for 4 ranks (mesh 2x1x1x2), this run has 1: start it with --nproc 4 (or a launcher: torchrun, srun, mpirun)
+// INIT: moe-run: error: {{.*}}mesh.moeplan is for 4 ranks; init writes the whole model: give it a plan compiled without --mesh
 // EXTRA: moe-run: error: {{.*}}single.moeplan is for 1 ranks (mesh 1x1x1x1), this run has 2: run it without --nproc
 // BENCH: Qwen3MoeForCausalLM on cpu ({{.*}}) (rank 0 of 4): 32 tokens per step per rank, {{.*}}, communication {{.*}} ms of a {{.*}} ms timed step
