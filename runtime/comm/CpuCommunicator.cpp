@@ -52,6 +52,13 @@ public:
     return absl::OkStatus();
   }
 
+  void abort(const std::string &why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (broken.empty())
+      broken = why;
+    changed.notify_all();
+  }
+
   const int size;
   const double timeout;
   std::vector<Published> published;
@@ -214,6 +221,8 @@ private:
 std::shared_ptr<CpuGroup> makeCpuGroup(int size, double timeoutSeconds) {
   return std::make_shared<CpuGroup>(size, timeoutSeconds);
 }
+
+void abortCpuGroup(CpuGroup &group, const std::string &why) { group.abort(why); }
 
 std::unique_ptr<Communicator> makeCpuCommunicator(std::shared_ptr<CpuGroup> group, int rank) {
   return std::make_unique<CpuCommunicator>(std::move(group), rank);

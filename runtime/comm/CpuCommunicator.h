@@ -13,6 +13,7 @@
 #define RUNTIME_COMM_CPUCOMMUNICATOR_H_
 
 #include <memory>
+#include <string>
 
 #include "runtime/comm/Communicator.h"
 
@@ -25,6 +26,9 @@ class CpuGroup;
 /// makeCpuCommunicator(group, rank). `timeoutSeconds` bounds every wait.
 std::shared_ptr<CpuGroup> makeCpuGroup(int size, double timeoutSeconds = 300);
 std::unique_ptr<Communicator> makeCpuCommunicator(std::shared_ptr<CpuGroup> group, int rank);
+/// Fails every wait of the group, now and later, with `why` (a rank that stopped: the others
+/// would otherwise wait for it until the timeout).
+void abortCpuGroup(CpuGroup &group, const std::string &why);
 
 } // namespace moec::runtime::comm
 

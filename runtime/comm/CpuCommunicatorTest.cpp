@@ -102,3 +102,21 @@ TEST(CpuCommunicator, MissingRankTimesOutWithAMessage) {
 
 } // namespace
 } // namespace moec::runtime::comm
+
+namespace moec::runtime::comm {
+namespace {
+
+TEST(CpuCommunicator, AnAbortedGroupFailsItsWaitsAtOnce) {
+  auto group = makeCpuGroup(2, /*timeoutSeconds=*/60);
+  std::unique_ptr<Communicator> comm = makeCpuCommunicator(group, 0);
+  std::thread stopper([&] { abortCpuGroup(*group, "rank 1 stopped: bad batch"); });
+  float x = 1;
+  absl::Status s = comm->allReduce(&x, &x, 1, plan::F32); // rank 1 never comes
+  stopper.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(), "rank 1 stopped: bad batch");
+  EXPECT_EQ(comm->barrier().message(), "rank 1 stopped: bad batch"); // and every later one
+}
+
+} // namespace
+} // namespace moec::runtime::comm

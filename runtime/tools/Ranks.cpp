@@ -57,6 +57,12 @@ RankLinks CpuRanks::links(int rank) {
   return links;
 }
 
+void CpuRanks::abort(const std::string &why) {
+  for (auto &[members, group] : groups)
+    comm::abortCpuGroup(*group, why);
+  comm::abortCpuGroup(*all, why);
+}
+
 absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::LaunchEnv &env, void *cudaStream,
                                       double timeoutSeconds, bool storeServed) {
   if (env.worldSize != plan.ranks_size())

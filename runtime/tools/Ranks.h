@@ -42,6 +42,8 @@ public:
   CpuRanks(const plan::Plan &plan, double timeoutSeconds);
   /// Rank `rank`'s links (call once per rank, from any thread).
   RankLinks links(int rank);
+  /// Fails every rank's collectives at once with `why` (a rank that returned early).
+  void abort(const std::string &why);
 
 private:
   const plan::Plan &plan;

@@ -156,6 +156,16 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
   return session.device->synchronize();
 }
 
+/// What to do when a plan's ranks and a run's differ.
+std::string rankCountMismatch(const std::string &planPath, const moec::plan::Plan &plan, int world) {
+  int ranks = plan.ranks_size();
+  return absl::StrCat(planPath, " is for ", ranks, " ranks (mesh ", plan.mesh().dp(), "x", plan.mesh().tp(), "x",
+                      plan.mesh().pp(), "x", plan.mesh().ep(), "), this run has ", world, ": ",
+                      ranks > 1 ? absl::StrCat("start it with --nproc ", ranks,
+                                               " (or a launcher: torchrun, srun, mpirun)")
+                                : std::string("run it without --nproc"));
+}
+
 absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
   std::string planPath = args.get("plan"), modelDir = args.get("model"), random = args.get("random-weights");
   if (planPath.empty() || (modelDir.empty() == random.empty()))
@@ -165,12 +175,7 @@ absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
     return plan.status();
   session.plan = std::move(*plan);
   if (session.plan.ranks_size() != setup.world)
-    return absl::InvalidArgumentError(absl::StrCat(
-        planPath, " is for ", session.plan.ranks_size(), " ranks (mesh ", session.plan.mesh().dp(), "x",
-        session.plan.mesh().tp(), "x", session.plan.mesh().pp(), "x", session.plan.mesh().ep(), "), this run has ",
-        setup.world, ": ", session.plan.ranks_size() > 1 ? "start it with --nproc " : "run it without --nproc",
-        session.plan.ranks_size() > 1 ? std::to_string(session.plan.ranks_size()) : std::string(),
-        session.plan.ranks_size() > 1 ? " (or a launcher: torchrun, srun, mpirun)" : ""));
+    return absl::InvalidArgumentError(rankCountMismatch(planPath, session.plan, setup.world));
   session.rank = setup.rank;
   int64_t threads = 0;
   std::string error;
@@ -776,6 +781,8 @@ int runRanks(int (*command)(Args &, const RankSetup &), int argc, char **argv) {
   absl::StatusOr<moec::plan::Plan> plan = moec::plan::loadPlan(args.get("plan"));
   if (!plan.ok())
     return fail(std::string(plan.status().message()));
+  if (plan->ranks_size() != nproc)
+    return fail(rankCountMismatch(args.get("plan"), *plan, static_cast<int>(nproc)));
   CpuRanks hub(*plan, kRankTimeoutSeconds);
   std::vector<int> codes(static_cast<size_t>(nproc), 0);
   std::vector<std::thread> ranks;
@@ -790,6 +797,10 @@ int runRanks(int (*command)(Args &, const RankSetup &), int argc, char **argv) {
       setup.world = static_cast<int>(nproc);
       setup.threads = &hub;
       codes[r] = command(mine, setup);
+      // A rank that stops early (an error, an interrupt) must not leave the others waiting
+      // for it in a collective until the timeout.
+      if (codes[r] != 0)
+        hub.abort("rank " + std::to_string(r) + " stopped (status " + std::to_string(codes[r]) + ")");
     });
   for (std::thread &t : ranks)
     t.join();
