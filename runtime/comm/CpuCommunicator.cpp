@@ -26,10 +26,14 @@ public:
   };
 
   /// Waits for all ranks; fails every waiter after the timeout, and every later
-  /// collective too (a group that lost a rank cannot resynchronise).
-  absl::Status arrive(const char *what) {
+  /// collective too (a group that lost a rank cannot resynchronise). A barrier that
+  /// completed succeeds even when the group broke right after. `evenIfBroken`: the second
+  /// barrier of a collective, which every rank reaches once all passed the first (they only
+  /// copy in between): it must hold each rank until the others stopped reading its buffers,
+  /// broken group or not.
+  absl::Status arrive(const char *what, bool evenIfBroken = false) {
     std::unique_lock<std::mutex> lock(mutex);
-    if (!broken.empty())
+    if (!broken.empty() && !evenIfBroken)
       return absl::DeadlineExceededError(broken);
     uint64_t generation = this->generation;
     if (++arrived == size) {
@@ -39,8 +43,10 @@ public:
       return absl::OkStatus();
     }
     bool done = changed.wait_for(lock, std::chrono::duration<double>(timeout), [&] {
-      return this->generation != generation || !broken.empty();
+      return this->generation != generation || (!evenIfBroken && !broken.empty());
     });
+    if (this->generation != generation)
+      return absl::OkStatus();
     if (!broken.empty())
       return absl::DeadlineExceededError(broken);
     if (!done) {
@@ -167,7 +173,7 @@ public:
                   r.count * element);
       ++k;
     }
-    if (absl::Status s = group->arrive("exchange"); !s.ok())
+    if (absl::Status s = group->arrive("exchange", /*evenIfBroken=*/true); !s.ok())
       return s;
     return matched;
   }
@@ -203,7 +209,7 @@ private:
     if (absl::Status s = group->arrive(what); !s.ok())
       return s;
     absl::Status computed = compute();
-    if (absl::Status s = group->arrive(what); !s.ok())
+    if (absl::Status s = group->arrive(what, /*evenIfBroken=*/true); !s.ok())
       return s;
     if (!computed.ok())
       return computed;

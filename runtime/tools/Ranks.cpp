@@ -3,6 +3,7 @@
 #include "runtime/tools/Ranks.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -101,7 +102,27 @@ absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::Launch
   return links;
 }
 
+namespace {
+
+/// The ranks of runLocalProcesses, for its signal handler: a SIGTERM (or Ctrl-C) sent to the
+/// launcher reaches every rank, and the launcher still waits for them (their checkpoint).
+constexpr int kMaxLocalRanks = 1024;
+std::atomic<pid_t> localRanks[kMaxLocalRanks];
+std::atomic<int> localRankCount{0};
+
+void forwardToRanks(int signal) {
+  for (int k = 0; k < localRankCount.load(); ++k)
+    if (pid_t pid = localRanks[k].load(); pid > 0)
+      kill(pid, signal); // a second Ctrl-C copy within a second is one request to moe-run
+}
+
+} // namespace
+
 int runLocalProcesses(int n, const std::vector<std::string> &argv) {
+  if (n > kMaxLocalRanks) {
+    std::cerr << "moe-run: --nproc " << n << " is more than " << kMaxLocalRanks << " local ranks\n";
+    return 2;
+  }
   // The store lives here, on a port the system picks (no race for a free one); the ranks
   // only connect to it (MOEC_STORE_SERVED).
   absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
@@ -136,7 +157,14 @@ int runLocalProcesses(int n, const std::vector<std::string> &argv) {
       _exit(127);
     }
     children.push_back(pid);
+    localRanks[r].store(pid);
+    localRankCount.store(r + 1);
   }
+  struct sigaction forward {};
+  forward.sa_handler = forwardToRanks;
+  sigemptyset(&forward.sa_mask);
+  sigaction(SIGINT, &forward, nullptr);
+  sigaction(SIGTERM, &forward, nullptr);
   // The first failure stops the others (they would wait on it in a collective until the
   // timeout): SIGTERM, then after 10 s SIGKILL (a stopped or hung rank ignores the first).
   // Its exit status is the run's.

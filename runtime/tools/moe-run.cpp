@@ -454,6 +454,18 @@ int runTrain(Args &args, const RankSetup &setup) {
     return fail(std::string(s.message()));
   }
   // Rank 0 writes: every trained tensor is the same on every rank (replicated adapters).
+  // Every rank must start from the same step (a checkpoint one rank cannot see would leave
+  // the others waiting for it at the end).
+  if (session.plan.ranks_size() > 1) {
+    absl::StatusOr<double> steps = session.trainer->sumOverRanks(static_cast<double>(session.trainer->step()),
+                                                                 moec::plan::I64);
+    if (!steps.ok())
+      return fail(std::string(steps.status().message()));
+    if (*steps != static_cast<double>(session.trainer->step()) * session.plan.ranks_size())
+      return fail("the ranks start at different steps (rank " + std::to_string(setup.rank) + " at " +
+                  std::to_string(session.trainer->step()) + "): is " + checkpointPath +
+                  " visible to every rank?");
+  }
   auto save = [&]() -> absl::Status {
     if (!lead)
       return absl::OkStatus();
@@ -799,7 +811,7 @@ int runRanks(int (*command)(Args &, const RankSetup &), int argc, char **argv) {
       codes[r] = command(mine, setup);
       // A rank that stops early (an error, an interrupt) must not leave the others waiting
       // for it in a collective until the timeout.
-      if (codes[r] != 0)
+      if (codes[r] != 0 && codes[r] != 130) // an interrupt: every rank agreed on the step
         hub.abort("rank " + std::to_string(r) + " stopped (status " + std::to_string(codes[r]) + ")");
     });
   for (std::thread &t : ranks)
