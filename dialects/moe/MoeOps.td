@@ -803,7 +803,8 @@ def Moe_AllToAllDispatchOp : Moe_Op<"all_to_all_dispatch", [Pure,
     `moe.dispatch` makes); every row goes to its expert's rank. Results:
     `received: [ranks N, D]`, this rank's experts' rows grouped by local
     expert and, within an expert, by source rank (room for every row of every
-    rank; rows past the sum of `local_counts` are zero), `local_counts:
+    rank; only the first sum of `local_counts` rows are its value, the rest is
+    undefined room), `local_counts:
     [E / ranks]`, and `source_counts: [ranks, E / ranks]`, rows per (source,
     local expert), which `moe.all_to_all_combine` needs to send results back.
     Its backward is that combine on the gradients.

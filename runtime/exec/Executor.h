@@ -104,10 +104,10 @@ public:
   void setTimeCollectives(bool on) {
     timeCollectives = on;
     collectiveTime = 0;
-    exchangeTime[0] = exchangeTime[1] = exchangeTime[2] = 0;
+    exchangeTime[0] = exchangeTime[1] = 0;
   }
   double collectiveSeconds() const { return collectiveTime; }
-  /// Of that, the expert exchange's parts: "zeroing X ms, messages Y ms, regrouping Z ms".
+  /// Of that, the expert exchange's parts: "messages X ms, regrouping Y ms".
   std::string exchangeBreakdown() const;
   /// The step the host is issuing now ("step 12 (expert_dispatch) [moe.all_to_all_dispatch in
   /// @..[3]]"), for a watchdog on another thread; the device may be behind it.
@@ -156,7 +156,7 @@ private:
   std::map<uint32_t, int64_t> receivedRows;
   bool timeCollectives = false;
   double collectiveTime = 0;
-  double exchangeTime[3] = {0, 0, 0}; // zeroing, messages, regrouping
+  double exchangeTime[2] = {0, 0}; // messages, regrouping
   std::atomic<int> issuing{-1};
 };
 

@@ -113,27 +113,23 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
     return s;
   };
   if (dispatch) {
-    // Rows past the received ones read as zero (the expert MLP skips them).
-    size_t used = received * rowBytes, total = static_cast<size_t>(result.numel()) * element;
-    if (absl::Status s = part(0, [&] { return dev->zero(static_cast<char *>(result.data) + used, total - used); });
+    // Rows past the received ones are not written: no launch sees them (invoke()).
+    if (absl::Status s = part(0, [&] { return comm.exchange(rows.data, rankSide, staging, stagingSide, rows.dtype); });
         !s.ok())
       return s;
-    if (absl::Status s = part(1, [&] { return comm.exchange(rows.data, rankSide, staging, stagingSide, rows.dtype); });
-        !s.ok())
-      return s;
-    return part(2, [&] { return dev->copyBlocks(result.data, staging, regroup); });
+    return part(1, [&] { return dev->copyBlocks(result.data, staging, regroup); });
   }
   for (Device::Block &b : regroup)
     std::swap(b.to, b.from);
-  if (absl::Status s = part(2, [&] { return dev->copyBlocks(staging, rows.data, regroup); }); !s.ok())
+  if (absl::Status s = part(1, [&] { return dev->copyBlocks(staging, rows.data, regroup); }); !s.ok())
     return s;
-  return part(1, [&] { return comm.exchange(staging, stagingSide, result.data, rankSide, rows.dtype); });
+  return part(0, [&] { return comm.exchange(staging, stagingSide, result.data, rankSide, rows.dtype); });
 }
 
 std::string Executor::exchangeBreakdown() const {
   char text[160];
-  std::snprintf(text, sizeof text, "zeroing %.1f ms, messages %.1f ms, regrouping %.1f ms",
-                exchangeTime[0] * 1e3, exchangeTime[1] * 1e3, exchangeTime[2] * 1e3);
+  std::snprintf(text, sizeof text, "messages %.1f ms, regrouping %.1f ms", exchangeTime[0] * 1e3,
+                exchangeTime[1] * 1e3);
   return text;
 }
 

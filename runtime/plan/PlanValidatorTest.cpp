@@ -300,22 +300,9 @@ void makeExpertDispatch(Plan &plan, std::initializer_list<int64_t> received) {
   for (Rank &rank : *plan.mutable_ranks()) {
     int64_t at = 2056;
     auto add = [&](const char *name, DType dtype, std::initializer_list<int64_t> shape) {
-      Buffer *b = rank.add_buffers();
-      b->set_id(rank.buffers_size() - 1);
-      b->set_name(name);
-      b->set_role(INPUT);
-      b->set_dtype(dtype);
-      int64_t elements = 1;
-      for (int64_t d : shape) {
-        b->add_shape(d);
-        elements *= d;
-      }
-      b->set_offset(at);
-      b->set_size_bytes(elements * (dtype == I64 ? 8 : 4));
-      at += b->size_bytes();
-      b->set_first_step(0);
-      b->set_last_step(9);
-      return b->id();
+      uint32_t id = testing::addTestBuffer(rank, name, INPUT, dtype, shape, at, 0, 9);
+      at += rank.buffers(static_cast<int>(id)).size_bytes();
+      return id;
     };
     uint32_t rows = add("rows", F32, {6, 8}), counts = add("counts", I64, {4}),
              result = add("received", F32, received), local = add("local", I64, {2}),

@@ -24,12 +24,9 @@
 #include <utility>
 
 namespace moec::plan::testing {
-namespace {
 
-constexpr int kSteps = 10;
-
-void addBuffer(Rank &rank, const std::string &name, Role role, DType dtype, std::initializer_list<int64_t> shape,
-               int64_t offset, int32_t first = 0, int32_t last = kSteps - 1) {
+uint32_t addTestBuffer(Rank &rank, const std::string &name, Role role, DType dtype,
+                       std::initializer_list<int64_t> shape, int64_t offset, int32_t first, int32_t last) {
   Buffer *buffer = rank.add_buffers();
   buffer->set_id(rank.buffers_size() - 1);
   buffer->set_name(name);
@@ -44,6 +41,16 @@ void addBuffer(Rank &rank, const std::string &name, Role role, DType dtype, std:
   buffer->set_size_bytes(elements * (dtype == BF16 ? 2 : dtype == I64 ? 8 : 4));
   buffer->set_first_step(first);
   buffer->set_last_step(last);
+  return buffer->id();
+}
+
+namespace {
+
+constexpr int kSteps = 10;
+
+void addBuffer(Rank &rank, const std::string &name, Role role, DType dtype, std::initializer_list<int64_t> shape,
+               int64_t offset, int32_t first = 0, int32_t last = kSteps - 1) {
+  addTestBuffer(rank, name, role, dtype, shape, offset, first, last);
 }
 
 Step *addStep(Rank &rank, Phase phase, int32_t layer, uint32_t stream, const std::string &origin = "") {

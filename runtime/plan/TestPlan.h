@@ -3,6 +3,9 @@
 #ifndef RUNTIME_PLAN_TESTPLAN_H_
 #define RUNTIME_PLAN_TESTPLAN_H_
 
+#include <initializer_list>
+#include <string>
+
 #include "runtime/plan/plan.pb.h"
 
 namespace moec::plan::testing {
@@ -14,6 +17,11 @@ namespace moec::plan::testing {
 /// at disjoint live ranges, the optimizer and the LoRA layout. Buffer and
 /// step numbers are listed in TestPlan.cpp; tests break one field each.
 Plan makeValidPlan();
+
+/// Appends a buffer (id = its index) of `shape` at `offset` of its role's arena, live over
+/// steps [first, last]; returns its id.
+uint32_t addTestBuffer(Rank &rank, const std::string &name, Role role, DType dtype,
+                       std::initializer_list<int64_t> shape, int64_t offset, int32_t first, int32_t last);
 
 } // namespace moec::plan::testing
 

@@ -44,14 +44,12 @@ CpuRanks::CpuRanks(const plan::Plan &plan, double timeoutSeconds) : plan(plan) {
 
 RankLinks CpuRanks::links(int rank) {
   RankLinks links;
-  links.rank = rank;
-  links.world = plan.ranks_size();
   for (const plan::Group &group : plan.ranks(rank).groups()) {
     std::vector<int32_t> members = membersOf(group);
     links.owned.push_back(comm::makeCpuCommunicator(groups.at(members), indexIn(members, rank)));
     links.groups.push_back(links.owned.back().get());
   }
-  if (links.world > 1) {
+  if (plan.ranks_size() > 1) {
     links.owned.push_back(comm::makeCpuCommunicator(all, rank));
     links.everyone = links.owned.back().get();
   }
@@ -71,8 +69,6 @@ absl::StatusOr<RankLinks> connectNccl(const plan::Plan &plan, const comm::Launch
                                                    env.source, " started ", env.worldSize,
                                                    " (moe-run --nproc ", plan.ranks_size(), " starts them here)"));
   RankLinks links;
-  links.rank = env.rank;
-  links.world = env.worldSize;
   absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
       comm::TcpStore::open(env.masterAddr, env.masterPort, /*serve=*/env.rank == 0 && !storeServed, timeoutSeconds);
   if (!store.ok())

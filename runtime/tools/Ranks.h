@@ -29,7 +29,6 @@ namespace moec::runtime {
 
 /// One rank's communicators.
 struct RankLinks {
-  int rank = 0, world = 1;
   std::vector<comm::Communicator *> groups; // by the rank's plan group index
   comm::Communicator *everyone = nullptr;   // null for one rank
   std::vector<std::unique_ptr<comm::Communicator>> owned;
