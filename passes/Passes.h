@@ -13,6 +13,7 @@
 #include "passes/inject_lora/InjectLoRA.h"
 #include "passes/plan_memory/PlanMemory.h"
 #include "passes/propagate_sharding/PropagateSharding.h"
+#include "passes/schedule_pipeline/SchedulePipeline.h"
 #include "passes/sync_gradients/SyncGradients.h"
 
 namespace moec::passes {
@@ -24,6 +25,7 @@ inline void registerAllPasses() {
   registerBuildTrainingStepPass();
   registerSyncGradientsPass();
   registerFusePass();
+  registerSchedulePipelinePass();
   registerPlanMemoryPass();
 }
 

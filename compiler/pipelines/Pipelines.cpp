@@ -45,6 +45,12 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
     fuse.chunkTokens = options.fuseChunkTokens;
     model.addPass(passes::createFusePass(fuse));
   }
+  // Last before memory planning: the stages' programs are what each rank holds.
+  if (!options.mesh.empty()) {
+    passes::SchedulePipelinePassOptions pipeline;
+    pipeline.microBatches = options.pipelineMicroBatches;
+    model.addPass(passes::createSchedulePipelinePass(pipeline));
+  }
   passes::PlanMemoryPassOptions memory;
   memory.seqLen = options.seqLen;
   memory.microBatch = options.microBatch;

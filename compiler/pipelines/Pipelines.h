@@ -64,6 +64,9 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<std::string> mesh{*this, "mesh",
                            llvm::cl::desc("Device mesh, e.g. dp=2 (--moe-propagate-sharding); empty = one rank"),
                            llvm::cl::init("")};
+  Option<int64_t> pipelineMicroBatches{
+      *this, "pipeline-micro-batches",
+      llvm::cl::desc("Micro-batches per step on a pipeline (mesh pp > 1; 0: 2 x pp)"), llvm::cl::init(0)};
   Option<std::string> memoryCap{*this, "memory-cap",
                                 llvm::cl::desc("Most bytes per rank (80GiB); empty = no cap"),
                                 llvm::cl::init("")};

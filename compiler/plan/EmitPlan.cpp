@@ -67,42 +67,19 @@ void addAttr(google::protobuf::Map<std::string, plan::Attr> &attrs, StringRef ke
   }
 }
 
-} // namespace
-
-FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
-  plan::Plan out;
-  out.set_version(plan::kPlanVersion);
-  out.set_model(model.getSymName().str());
-  if (auto type = model->getAttrOfType<StringAttr>("model_type"))
-    out.set_model_type(type.str());
-  out.set_seq_len(program.seqLen);
-  out.set_micro_batch(program.microBatch);
-  auto recompute = model->getAttrOfType<StringAttr>("recompute");
-  out.set_recompute(recompute ? recompute.str() : "none");
-  moe::MeshShape shape;
-  if (auto text = model->getAttrOfType<StringAttr>("mesh")) {
-    std::string error;
-    if (!moe::MeshShape::parse(text.str(), shape, error))
-      return model.emitError("mesh '") << text.str() << "': " << error;
-  }
-  plan::Mesh *mesh = out.mutable_mesh();
-  mesh->set_dp(shape.dp);
-  mesh->set_tp(shape.tp);
-  mesh->set_pp(shape.pp);
-  mesh->set_ep(shape.ep);
-
-  plan::Rank *rank = out.add_ranks();
-  rank->set_rank(0);
-  rank->set_num_streams(1);
+/// One stage's program as a rank of the plan (rank 0's coordinates; emitPlan sets each
+/// rank's own), and the axes of its groups in first-use order (a pipeline exchange's key
+/// names its pair of stages: "pp@0-1").
+plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
+  plan::Rank rank;
+  rank.set_num_streams(1);
   for (auto [role, bytes] : program.arenaBytes()) {
-    plan::Arena *arena = rank->add_arenas();
+    plan::Arena *arena = rank.add_arenas();
     arena->set_role(role);
     arena->set_size_bytes(bytes);
   }
   for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
-    if (buffer.offset < 0)
-      return model.emitError("buffer '") << buffer.name << "' has no arena offset";
-    plan::Buffer *b = rank->add_buffers();
+    plan::Buffer *b = rank.add_buffers();
     b->set_id(static_cast<uint32_t>(id));
     b->set_name(buffer.name);
     b->set_role(buffer.role);
@@ -114,15 +91,13 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
     b->set_first_step(buffer.first);
     b->set_last_step(buffer.last);
     if (buffer.role == plan::WEIGHT) {
-      plan::WeightBinding *binding = rank->add_weights();
+      plan::WeightBinding *binding = rank.add_weights();
       binding->set_buffer(static_cast<uint32_t>(id));
       binding->set_tensor(buffer.tensor);
     }
   }
-  // Collective steps name their group by axes; each rank lists its groups in first-use order.
-  std::vector<std::string> groupAxes;
   for (const ProgramStep &step : program.steps) {
-    plan::Step *s = rank->add_steps();
+    plan::Step *s = rank.add_steps();
     s->set_stream(0);
     s->set_phase(step.phase);
     s->set_layer(step.layer);
@@ -131,15 +106,18 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
       plan::Collective::Kind kind = step.collective == "all_reduce"        ? plan::Collective::ALL_REDUCE
                                     : step.collective == "expert_dispatch" ? plan::Collective::EXPERT_DISPATCH
                                     : step.collective == "expert_combine"  ? plan::Collective::EXPERT_COMBINE
+                                    : step.collective == "send_recv"       ? plan::Collective::SEND_RECV
                                                                            : plan::Collective::KIND_UNSPECIFIED;
-      if (kind == plan::Collective::KIND_UNSPECIFIED)
-        return model.emitError("no plan form for the collective '") << step.collective << "'";
       plan::Collective *collective = s->mutable_collective();
       collective->set_kind(kind);
-      auto at = llvm::find(groupAxes, step.axis);
-      collective->set_group(static_cast<uint32_t>(at - groupAxes.begin()));
-      if (at == groupAxes.end())
-        groupAxes.push_back(step.axis);
+      std::string key = step.axis;
+      if (step.peerStage >= 0)
+        key += "@" + std::to_string(std::min(program.stage, step.peerStage)) + "-" +
+               std::to_string(std::max(program.stage, step.peerStage));
+      auto at = llvm::find(groupKeys, key);
+      collective->set_group(static_cast<uint32_t>(at - groupKeys.begin()));
+      if (at == groupKeys.end())
+        groupKeys.push_back(key);
       for (int id : step.inputs)
         collective->add_inputs(static_cast<uint32_t>(id));
       for (int id : step.outputs)
@@ -154,7 +132,7 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
       launch->add_outputs(static_cast<uint32_t>(id));
     bool backward = StringRef(step.kernel).ends_with(".backward");
     for (NamedAttribute attr : step.attrs) {
-      if (attr.getName() == "recomputed")
+      if (attr.getName() == "recomputed" || attr.getName() == moe::kPipelineBackwardAttr)
         continue;
       // A backward's own groups are (inputs, outputs, output grads); its forward's are
       // under forward_attrs.
@@ -165,17 +143,67 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
     }
     launch->set_flops(step.flops);
   }
-  // Every rank runs the same program (dp, ep); what differs: which experts its split
-  // parameters bind, and its groups: the ranks that agree with it on every axis outside
-  // the group's.
-  plan::Rank first = *rank;
+  return rank;
+}
+
+} // namespace
+
+FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &programs) {
+  if (programs.empty())
+    return model.emitError("no program to emit");
+  const Program &program = programs.front();
+  plan::Plan out;
+  out.set_version(plan::kPlanVersion);
+  out.set_model(model.getSymName().str());
+  if (auto type = model->getAttrOfType<StringAttr>("model_type"))
+    out.set_model_type(type.str());
+  out.set_seq_len(program.seqLen);
+  out.set_micro_batch(program.microBatch);
+  if (program.microBatches > 1)
+    out.set_micro_batches(program.microBatches);
+  auto recompute = model->getAttrOfType<StringAttr>("recompute");
+  out.set_recompute(recompute ? recompute.str() : "none");
+  moe::MeshShape shape;
+  if (auto text = model->getAttrOfType<StringAttr>("mesh")) {
+    std::string error;
+    if (!moe::MeshShape::parse(text.str(), shape, error))
+      return model.emitError("mesh '") << text.str() << "': " << error;
+  }
+  if (static_cast<int64_t>(programs.size()) != shape.pp)
+    return model.emitError("the mesh has pp = ") << shape.pp << " but the model has " << programs.size()
+                                                 << " pipeline stages";
+  plan::Mesh *mesh = out.mutable_mesh();
+  mesh->set_dp(shape.dp);
+  mesh->set_tp(shape.tp);
+  mesh->set_pp(shape.pp);
+  mesh->set_ep(shape.ep);
+
+  for (const Program &each : programs)
+    for (const ProgramBuffer &buffer : each.buffers)
+      if (buffer.offset < 0)
+        return model.emitError("buffer '") << buffer.name << "' has no arena offset";
+  for (const Program &each : programs)
+    for (const ProgramStep &step : each.steps)
+      if (!step.collective.empty() && step.collective != "all_reduce" && step.collective != "expert_dispatch" &&
+          step.collective != "expert_combine" && step.collective != "send_recv")
+        return model.emitError("no plan form for the collective '") << step.collective << "'";
+  std::vector<std::vector<std::string>> groupKeys(programs.size());
+  std::vector<plan::Rank> stageRanks;
+  for (auto [s, each] : llvm::enumerate(programs))
+    stageRanks.push_back(rankOf(each, groupKeys[s]));
+
+  // Ranks of one pipeline stage run the same program (dp, ep); what differs: which experts
+  // its split parameters bind, and its groups: the ranks that agree with it on every axis
+  // outside the group's (a pipeline exchange: the two ranks of its stages that agree on
+  // every other axis).
   for (int64_t r = 0; r < shape.size(); ++r) {
-    plan::Rank *each = r == 0 ? rank : out.add_ranks();
-    if (r > 0)
-      *each = first;
+    int64_t stage = shape.coordinate(r, "pp");
+    const Program &mine = programs[stage];
+    plan::Rank *each = out.add_ranks();
+    *each = stageRanks[stage];
     each->set_rank(static_cast<int32_t>(r));
     for (plan::WeightBinding &binding : *each->mutable_weights()) {
-      const ProgramBuffer &buffer = program.buffers[binding.buffer()];
+      const ProgramBuffer &buffer = mine.buffers[binding.buffer()];
       if (!buffer.expertSplit)
         continue;
       int64_t firstExpert = shape.coordinate(r, "ep") * buffer.shape.at(0);
@@ -193,16 +221,26 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
         range->set_size(buffer.shape[d]);
       }
     }
-    for (const std::string &axes : groupAxes) {
+    for (const std::string &key : groupKeys[stage]) {
+      auto [axes, pair] = StringRef(key).split('@');
       plan::Group *group = each->add_groups();
-      group->set_axis(axes);
+      group->set_axis(axes.str());
       SmallVector<StringRef> inside;
-      StringRef(axes).split(inside, '+');
+      axes.split(inside, '+');
+      int64_t low = -1, high = -1;
+      if (!pair.empty()) {
+        auto [a, b] = pair.split('-');
+        (void)a.getAsInteger(10, low);
+        (void)b.getAsInteger(10, high);
+      }
       for (int64_t q = 0; q < shape.size(); ++q) {
         bool same = true;
         for (const char *axis : {"dp", "tp", "pp", "ep"})
           if (!llvm::is_contained(inside, axis))
             same &= shape.coordinate(q, axis) == shape.coordinate(r, axis);
+        int64_t qStage = shape.coordinate(q, "pp");
+        if (!pair.empty())
+          same &= qStage == low || qStage == high;
         if (same)
           group->add_ranks(static_cast<int32_t>(q));
       }
@@ -240,16 +278,22 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program) {
     lora->set_expert_lora(static_cast<bool>(config.get("expert_lora")));
     lora->set_use_rslora(static_cast<bool>(config.get("rslora")));
   }
-  for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
-    if (buffer.role != plan::LORA_PARAM)
-      continue;
-    plan::LoraTensor *tensor = lora->add_tensors();
-    tensor->set_peft_name(buffer.tensor);
-    tensor->set_rank(0);
-    tensor->set_param(static_cast<uint32_t>(id));
-    tensor->set_grad(buffer.grad);
-    tensor->set_adam_m(buffer.adamM);
-    tensor->set_adam_v(buffer.adamV);
+  // Each trainable tensor is held by every rank of its stage; the layout names the first.
+  for (auto [stage, each] : llvm::enumerate(programs)) {
+    int64_t holder = 0;
+    while (shape.coordinate(holder, "pp") != static_cast<int64_t>(stage))
+      ++holder;
+    for (auto [id, buffer] : llvm::enumerate(each.buffers)) {
+      if (buffer.role != plan::LORA_PARAM)
+        continue;
+      plan::LoraTensor *tensor = lora->add_tensors();
+      tensor->set_peft_name(buffer.tensor);
+      tensor->set_rank(static_cast<int32_t>(holder));
+      tensor->set_param(static_cast<uint32_t>(id));
+      tensor->set_grad(buffer.grad);
+      tensor->set_adam_m(buffer.adamM);
+      tensor->set_adam_v(buffer.adamV);
+    }
   }
   return out;
 }

@@ -7,10 +7,11 @@
 
 namespace moec::compiler {
 
-/// The plan of `program` (offsets assigned) for `model`, world size 1: its
-/// optimizer comes from the model's moe.optimizer, its LoRA layout from the
-/// `lora` attribute --moe-inject-lora leaves on the model.
-mlir::FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const Program &program);
+/// The plan of `programs` (one per pipeline stage, offsets assigned) for `model`: one rank
+/// per rank of the model's mesh, each running its stage's program. The optimizer comes from
+/// the model's moe.optimizer, the LoRA layout from the `lora` attribute --moe-inject-lora
+/// leaves on the model.
+mlir::FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &programs);
 
 } // namespace moec::compiler
 

@@ -55,7 +55,7 @@ TEST_P(PlanGoldenTest, TrainableTensorsAndBindingsMatchTheFiles) {
   mlir::FailureOr<Program> program = buildProgram(model, 96, 2);
   ASSERT_TRUE(succeeded(program));
   assignOffsets(*program);
-  mlir::FailureOr<plan::Plan> plan = emitPlan(model, *program);
+  mlir::FailureOr<plan::Plan> plan = emitPlan(model, {*program});
   ASSERT_TRUE(succeeded(plan));
   absl::Status valid = plan::validatePlan(*plan);
   ASSERT_TRUE(valid.ok()) << valid;

@@ -69,26 +69,35 @@ public:
   Flattener(Program &program, moe::ModelOp model) : program(program), model(model) {}
 
   LogicalResult run() {
-    auto step = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
+    pipelined = pipelineStages(model) > 1;
+    std::string name = pipelined ? "train_step_stage" + std::to_string(program.stage) : "train_step";
+    auto step = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, name));
     if (!step)
-      return model.emitError("no func.func @train_step; run --moe-build-training-step first");
+      return model.emitError("no func.func @") << name << "; run --moe-build-training-step first";
     Block &body = step.getBody().front();
     if (body.getNumArguments() != 3 && body.getNumArguments() != 4)
-      return step.emitOpError("@train_step must take (ids, positions, labels) and, sharded, loss_weight");
+      return step.emitOpError("must take (ids, positions, labels) and, sharded, loss_weight");
     llvm::DenseMap<Value, int> values;
     const char *names[] = {"input_ids", "positions", "labels"};
     for (auto [arg, name] : llvm::zip(body.getArguments().take_front(3), names))
-      values[arg] = newBuffer(name, plan::INPUT, arg.getType(), {program.tokens()});
-    // A sharded step's loss seed: this rank's share of the global loss, set per step.
-    if (body.getNumArguments() == 4)
-      values[body.getArgument(3)] = newBuffer("loss_weight", plan::INPUT, body.getArgument(3).getType(), {});
+      values[arg] = newBuffer(name, plan::INPUT, arg.getType(), {program.tokens() * program.microBatches});
+    // A sharded step's loss seed: this rank's share of the global loss, set per step (per
+    // micro-batch on a pipeline).
+    if (body.getNumArguments() == 4) {
+      auto type = cast<RankedTensorType>(body.getArgument(3).getType());
+      values[body.getArgument(3)] = newBuffer("loss_weight", plan::INPUT, type,
+                                              std::vector<int64_t>(type.getShape().begin(), type.getShape().end()));
+    }
     Context top{/*layer=*/-1, /*instance=*/-1, /*backward=*/false, model};
     if (failed(walk(body, values, top)))
       return failure();
+    // The loss (one per micro-batch on the last pipeline stage; none on the others).
     auto ret = cast<func::ReturnOp>(body.getTerminator());
-    ProgramBuffer &loss = program.buffers[values.lookup(ret.getOperand(0))];
-    loss.name = "loss";
-    loss.role = plan::INPUT;
+    for (auto [i, operand] : llvm::enumerate(ret.getOperands())) {
+      ProgramBuffer &loss = program.buffers[values.lookup(operand)];
+      loss.name = ret.getNumOperands() == 1 ? "loss" : "loss." + std::to_string(i);
+      loss.role = plan::INPUT;
+    }
     computeLiveRanges();
     return success();
   }
@@ -166,6 +175,10 @@ private:
       rows = rowsOf(exchange.getTokens()) * exchange.getRanks();
     } else if (auto back = dyn_cast<moe::AllToAllCombineOp>(op)) {
       rows = rowsOf(back.getRows()) / back.getRanks();
+    } else if (auto slice = dyn_cast<moe::MicrobatchOp>(op)) {
+      rows = rowsOf(slice.getInput()) / slice.getCount();
+    } else if (isa<moe::StageExchangeOp>(op)) {
+      rows = program.tokens(); // one micro-batch's hidden state or its gradient
     } else if (auto backward = dyn_cast<moe::BackwardOp>(op)) {
       rows = rowsOf(backward.getInputs()[backward.getGradOfInputs()[index]]);
     } else {
@@ -218,10 +231,33 @@ private:
         continue;
       }
       // The loss seed starts the backward; a sharded step has none (its seed is the
-      // loss_weight argument), so its first moe.backward does.
+      // loss_weight argument), so its first moe.backward does. A pipeline stage interleaves
+      // forward and backward work, so the pass marked the backward ops.
       if (isa<moe::FillOp, moe::BackwardOp>(op))
         context.backward = true;
-      if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp>(op))
+      if (pipelined && context.layer < 0)
+        context.backward = op.hasAttr(moe::kPipelineBackwardAttr);
+      if (auto exchange = dyn_cast<moe::StageExchangeOp>(op)) {
+        context.backward = exchange.getBackward();
+        std::vector<int> inputs, outputs;
+        if (Value sent = exchange.getSend())
+          inputs.push_back(values.lookup(sent));
+        if (Value received = exchange.getReceived()) {
+          FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values);
+          if (failed(shape))
+            return failure();
+          outputs.push_back(newBuffer("stage" + std::to_string(exchange.getPeer()) + "." +
+                                          std::to_string(program.steps.size()),
+                                      plan::ACTIVATION, received.getType(), *shape));
+          values[received] = outputs.back();
+        }
+        addStep(&op, "", inputs, outputs, context);
+        program.steps.back().collective = "send_recv";
+        program.steps.back().axis = "pp";
+        program.steps.back().peerStage = static_cast<int>(exchange.getPeer());
+        continue;
+      }
+      if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp, moe::MicrobatchOp>(op))
         return op.emitOpError("has no kernel; the plan can only run moe compute ops");
       std::vector<int> inputs, outputs;
       for (auto [index, operand] : llvm::enumerate(op.getOperands())) {
@@ -309,7 +345,7 @@ private:
       values[result] = id;
     }
     // The forward output of each layer, by name: tools compare it with reference hidden states.
-    if (!context.backward)
+    if (!context.backward && !pipelined) // (a pipeline runs each layer once per micro-batch)
       program.buffers[values.lookup(apply.getResult(0))].name =
           "layer_output." + std::to_string(nested.layer);
     return success();
@@ -372,6 +408,7 @@ private:
 
   Program &program;
   moe::ModelOp model;
+  bool pipelined = false;
   std::map<std::string, int> params;
   /// The gradient buffers each layer index accumulates (-1: model level), in first-use
   /// order, apart for parameters split over ep.
@@ -416,10 +453,36 @@ void placeByLiveness(Program &program, const std::vector<int> &ids) {
 
 } // namespace
 
-FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch) {
+int pipelineStages(moe::ModelOp model) {
+  auto pipeline = model->getAttrOfType<DictionaryAttr>("pipeline");
+  auto stages = pipeline ? pipeline.getAs<IntegerAttr>("stages") : IntegerAttr();
+  return stages ? static_cast<int>(stages.getInt()) : 1;
+}
+
+int64_t pipelineMicroBatches(moe::ModelOp model) {
+  auto pipeline = model->getAttrOfType<DictionaryAttr>("pipeline");
+  auto count = pipeline ? pipeline.getAs<IntegerAttr>("micro_batches") : IntegerAttr();
+  return count ? count.getInt() : 1;
+}
+
+FailureOr<std::vector<Program>> buildStagePrograms(moe::ModelOp model, int64_t seqLen, int64_t microBatch) {
+  std::vector<Program> programs;
+  for (int s = 0; s < pipelineStages(model); ++s) {
+    FailureOr<Program> program = buildProgram(model, seqLen, microBatch, s);
+    if (failed(program))
+      return failure();
+    assignOffsets(*program);
+    programs.push_back(std::move(*program));
+  }
+  return programs;
+}
+
+FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch, int stage) {
   Program program;
   program.seqLen = seqLen;
   program.microBatch = microBatch;
+  program.stage = stage;
+  program.microBatches = pipelineMicroBatches(model);
   if (seqLen <= 0 || microBatch <= 0)
     return model.emitError("sequence length and micro-batch must be positive, got ")
            << seqLen << " and " << microBatch;

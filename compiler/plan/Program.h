@@ -51,6 +51,8 @@ struct ProgramStep {
   /// outputs[i]), "expert_dispatch" or "expert_combine" (plan.proto's operand layouts), and
   /// the mesh axes it runs over ("dp", "dp+ep", "ep").
   std::string collective, axis;
+  /// A pipeline exchange ("send_recv" over "pp"): the stage it sends to and receives from.
+  int peerStage = -1;
   std::vector<int> inputs, outputs;
   mlir::DictionaryAttr attrs;
   plan::Phase phase = plan::FORWARD;
@@ -64,6 +66,10 @@ struct ProgramStep {
 
 struct Program {
   int64_t seqLen = 0, microBatch = 0;
+  /// A pipeline stage's program takes this many micro-batches per step (inputs hold them
+  /// all); 1 otherwise.
+  int64_t microBatches = 1;
+  int stage = 0;
   std::vector<ProgramBuffer> buffers;
   std::vector<ProgramStep> steps;
   /// Template name of each layer instance, to share workspace offsets.
@@ -78,9 +84,17 @@ struct Program {
   int64_t peakBytes() const;
 };
 
-/// Flattens `@train_step` of `model` for `seqLen x microBatch` tokens. Fails
-/// with a diagnostic on IR it cannot place (no @train_step, unknown ops).
-mlir::FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch);
+/// Flattens `@train_step` of `model` for `seqLen x microBatch` tokens (a pipelined model:
+/// `@train_step_stage<stage>`, each micro-batch of that size). Fails with a diagnostic on
+/// IR it cannot place (no step function, unknown ops).
+mlir::FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch, int stage = 0);
+
+/// Pipeline stages of `model` (its `pipeline` attribute; 1 without) and micro-batches per step.
+int pipelineStages(moe::ModelOp model);
+int64_t pipelineMicroBatches(moe::ModelOp model);
+
+/// Every stage's program (one for a model without a pipeline), offsets assigned.
+mlir::FailureOr<std::vector<Program>> buildStagePrograms(moe::ModelOp model, int64_t seqLen, int64_t microBatch);
 
 /// Assigns arena offsets: weights, LoRA parameters, gradients and optimizer
 /// state are packed; activations and workspace reuse memory whose live

@@ -138,9 +138,14 @@ int runCompile(int argc, char **argv) {
                                           "until the plan fits"));
   cl::opt<std::string> meshText(
       "mesh", cl::value_desc("dp=N,tp=N,pp=N,ep=N"),
-      cl::desc("Device mesh: the plan holds one program per rank (dp and ep so far; --micro-batch "
+      cl::desc("Device mesh: the plan holds one program per rank (dp, ep and pp so far; --micro-batch "
                "is per rank); --emit=report lists its collectives, and for a mesh with tp or pp "
                "estimates per-GPU memory and communication by simulation"));
+  cl::opt<int64_t> pipelineMicroBatches(
+      "pipeline-micro-batches",
+      cl::desc("With pp > 1: micro-batches (of --micro-batch sequences) per step on each pipeline, "
+               "run in 1F1B order (0: 2 x pp)"),
+      cl::init(0));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -208,6 +213,7 @@ int runCompile(int argc, char **argv) {
   options.seqLen = seqLen;
   options.microBatch = microBatch;
   options.memoryCap = memoryCap;
+  options.pipelineMicroBatches = pipelineMicroBatches;
   options.fuse = !noFuse;
   options.fuseChunkTokens = fuseChunkTokens;
   // A report on a mesh plans can run (dp, ep) is the plan's own, its collectives included; on
@@ -234,12 +240,12 @@ int runCompile(int argc, char **argv) {
     output->keep();
     return 0;
   }
-  mlir::FailureOr<moec::compiler::Program> program =
-      moec::compiler::buildProgram(model, seqLen, microBatch);
-  if (failed(program))
+  mlir::FailureOr<std::vector<moec::compiler::Program>> programs =
+      moec::compiler::buildStagePrograms(model, seqLen, microBatch);
+  if (failed(programs))
     return fail("cannot flatten the training step of " + inputPath);
-  moec::compiler::assignOffsets(*program);
-  mlir::FailureOr<moec::plan::Plan> plan = moec::compiler::emitPlan(model, *program);
+  const moec::compiler::Program *program = &programs->front();
+  mlir::FailureOr<moec::plan::Plan> plan = moec::compiler::emitPlan(model, *programs);
   if (failed(plan))
     return fail("cannot emit the plan of " + inputPath);
   // The compiler checks its own output with the runtime's validator.

@@ -27,6 +27,9 @@ mlir::LogicalResult buildGenericBackward(mlir::Operation *op, mlir::OpBuilder &b
                                          llvm::SmallVectorImpl<mlir::Value> &operandGrads);
 /// The attribute on a training forward template naming its backward template.
 constexpr llvm::StringLiteral kBackwardTemplateAttr = "backward";
+/// The discardable attribute --moe-schedule-pipeline puts on the backward work of a stage
+/// function (its forward and backward work interleave, so order alone does not say).
+constexpr llvm::StringLiteral kPipelineBackwardAttr = "moe.pipeline_backward";
 } // namespace moec::moe
 
 #include "dialects/moe/MoeInterfaces.h.inc"

@@ -844,4 +844,50 @@ def Moe_AllToAllCombineOp : Moe_Op<"all_to_all_combine", [Pure,
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Pipeline parallel: inserted by --moe-schedule-pipeline
+//===----------------------------------------------------------------------===//
+
+def Moe_MicrobatchOp : Moe_Op<"microbatch", [Pure]> {
+  let summary = "One micro-batch's rows of a step input (pipeline parallel).";
+  let description = [{
+    A pipelined step takes `count` micro-batches at once; micro-batch
+    `index` is rows `[index n / count, (index + 1) n / count)` of the
+    leading dimension (`n` rows). A rank-0 result takes element `index` of
+    a 1-D input of `count` elements (a micro-batch's loss weight).
+
+    ```mlir
+    %ids1 = moe.microbatch %ids {index = 1 : i64, count = 4 : i64} : tensor<?xi64> -> tensor<?xi64>
+    %w1 = moe.microbatch %weights {index = 1 : i64, count = 4 : i64} : tensor<4xf32> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, I64Attr:$index, I64Attr:$count);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Moe_StageExchangeOp : Moe_Op<"stage_exchange"> {
+  let summary = "Sends to and receives from the neighbouring pipeline stage, grouped.";
+  let description = [{
+    Point-to-point between this rank and the rank of stage `peer` that
+    shares its other mesh coordinates: `send` (if given) goes there, and
+    `received` (if present) comes from there. One op is one grouped
+    exchange, so two neighbouring stages that both send in the same slot of
+    the 1F1B schedule never wait on each other; both sides issue their
+    exchanges with each other in the same order. `backward` marks an
+    exchange of the backward pass (a gradient goes to the previous stage
+    or comes from the next). `received` has the rows of one micro-batch.
+
+    ```mlir
+    moe.stage_exchange send(%h : tensor<?x64xf32>) {peer = 1 : i64}
+    %dh = moe.stage_exchange send(%h1 : tensor<?x64xf32>) {peer = 1 : i64} -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Optional<AnyRankedTensor>:$send, I64Attr:$peer, UnitAttr:$backward);
+  let results = (outs Optional<AnyRankedTensor>:$received);
+  let assemblyFormat = "(`send` `(` $send^ `:` type($send) `)`)? attr-dict (`->` type($received)^)?";
+  let hasVerifier = 1;
+}
+
 #endif // DIALECTS_MOE_MOEOPS_TD_

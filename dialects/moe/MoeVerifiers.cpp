@@ -592,4 +592,35 @@ LogicalResult AllToAllCombineOp::verify() {
                  c.sameElementType("rows", getRows(), "result", getResult()));
 }
 
+LogicalResult MicrobatchOp::verify() {
+  int64_t index = getIndex(), count = getCount();
+  if (count < 1 || index < 0 || index >= count)
+    return emitOpError("needs 0 <= index < count, got index ") << index << " and count " << count;
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("result element type ") << out.getElementType() << " differs from the input's "
+                                                << in.getElementType();
+  if (out.getRank() == 0) {
+    if (in.getRank() != 1 || in.getDimSize(0) != count)
+      return emitOpError("a scalar result takes one element of a 1-D input of ") << count
+                                                                                 << " elements, got " << in;
+    return success();
+  }
+  if (in.getRank() != out.getRank())
+    return emitOpError("result rank ") << out.getRank() << " differs from the input's " << in.getRank();
+  for (int64_t d = 1; d < in.getRank(); ++d)
+    if (in.getDimSize(d) != out.getDimSize(d))
+      return emitOpError("dimension ") << d << " of the result differs from the input's";
+  return success();
+}
+
+LogicalResult StageExchangeOp::verify() {
+  if (!getSend() && !getReceived())
+    return emitOpError("neither sends nor receives");
+  if (getPeer() < 0)
+    return emitOpError("peer stage must be >= 0, got ") << getPeer();
+  return success();
+}
+
 } // namespace moec::moe

@@ -127,10 +127,17 @@ private:
       return model.emitError("moe-plan-memory: memory-cap '")
              << memoryCap << "' is not a size (expected bytes or a number with KB/MB/GB/TB or "
                              "KiB/MiB/GiB/TiB, e.g. 80GiB)";
-    FailureOr<compiler::Program> program = compiler::buildProgram(model, seqLen, microBatch);
-    if (failed(program))
+    // A pipeline: each stage's rank holds its own program; the plan records the largest.
+    FailureOr<std::vector<compiler::Program>> stages = compiler::buildStagePrograms(model, seqLen, microBatch);
+    if (failed(stages))
       return failure();
-    compiler::assignOffsets(*program);
+    FailureOr<compiler::Program> program = std::move(*llvm::max_element(
+        *stages, [](const compiler::Program &a, const compiler::Program &b) { return a.peakBytes() < b.peakBytes(); }));
+    if (cap && program->peakBytes() > *cap && stages->size() > 1)
+      return model.emitError("moe-plan-memory: the largest pipeline stage needs ")
+             << formatBytes(program->peakBytes()) << ", above the cap of " << formatBytes(*cap)
+             << "; recomputing layers to fit is not supported with pp > 1 yet (use more stages, "
+                "--recompute per-layer, or a shorter --seq-len)";
 
     if (cap && program->peakBytes() > *cap) {
       auto step = cast<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
@@ -166,6 +173,8 @@ private:
         b.getNamedAttr("micro_batch", b.getI64IntegerAttr(microBatch)),
         b.getNamedAttr("peak", b.getI64IntegerAttr(program->peakBytes())),
     };
+    if (stages->size() > 1)
+      entries.push_back(b.getNamedAttr("stage", b.getI64IntegerAttr(program->stage)));
     for (auto [role, bytes] : program->arenaBytes())
       entries.push_back(b.getNamedAttr(plan::roleName(role), b.getI64IntegerAttr(bytes)));
     if (int64_t scratch = program->scratchBytes()) // kernels' own memory (the fused loss's chunk)

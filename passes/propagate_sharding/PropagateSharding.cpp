@@ -27,12 +27,12 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       model.emitError("--moe-propagate-sharding: mesh '") << mesh << "': " << error;
       return signalPassFailure();
     }
-    for (const char *axis : {"tp", "pp"})
-      if (shape.axisSize(axis) > 1) {
-        model.emitError("--moe-propagate-sharding: mesh '")
-            << mesh << "': " << axis << " > 1 is not supported yet (dp and ep are)";
-        return signalPassFailure();
-      }
+    // pp needs no sharding here: --moe-schedule-pipeline splits the step into stages.
+    if (shape.tp > 1) {
+      model.emitError("--moe-propagate-sharding: mesh '")
+          << mesh << "': tp > 1 is not supported yet (dp, ep and pp are)";
+      return signalPassFailure();
+    }
     if (SymbolTable::lookupSymbolIn(model, "train_step")) {
       model.emitError("--moe-propagate-sharding: runs before --moe-build-training-step (the step "
                       "differentiates through the collectives); the model already has @train_step");

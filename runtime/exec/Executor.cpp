@@ -431,9 +431,29 @@ absl::Status Executor::collective(const plan::Collective &collective) {
                                                  "): ", s.message()));
     return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
   }
+  if (collective.kind() == plan::Collective::SEND_RECV) {
+    // Pipeline neighbours: one grouped exchange with the group's other rank.
+    int peer = 1 - comm.rank();
+    std::vector<comm::Communicator::Segment> sends, recvs;
+    TensorRef in, out;
+    if (collective.inputs_size() > 0) {
+      in = buffer(collective.inputs(0));
+      sends.push_back({peer, 0, static_cast<size_t>(in.numel())});
+    }
+    if (collective.outputs_size() > 0) {
+      out = buffer(collective.outputs(0));
+      recvs.push_back({peer, 0, static_cast<size_t>(out.numel())});
+    }
+    plan::DType dtype = sends.empty() ? out.dtype : in.dtype;
+    if (absl::Status s = comm.exchange(in.data, sends, out.data, recvs, dtype); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("pipeline exchange with rank ",
+                                                 rankProto->groups(collective.group()).ranks(peer), " (",
+                                                 comm.name(), "): ", s.message()));
+    return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
+  }
   if (collective.kind() != plan::Collective::ALL_REDUCE)
     return absl::UnimplementedError(absl::StrCat("collective ", plan::Collective::Kind_Name(collective.kind()),
-                                                 " is not run yet (only ALL_REDUCE)"));
+                                                 " is not run yet (ALL_REDUCE, the expert exchange and SEND_RECV are)"));
   for (int k = 0; k < collective.inputs_size(); ++k) {
     TensorRef in = buffer(collective.inputs(k)), out = buffer(collective.outputs(k));
     if (absl::Status s = comm.allReduce(in.data, out.data, static_cast<size_t>(in.numel()), in.dtype); !s.ok())
@@ -444,11 +464,14 @@ absl::Status Executor::collective(const plan::Collective &collective) {
   return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
 }
 
-absl::Status Executor::setLossWeight(float weight) {
+absl::Status Executor::setLossWeights(const std::vector<float> &weights) {
   std::optional<uint32_t> id = findBuffer("loss_weight");
   if (!id)
     return absl::NotFoundError("the plan has no 'loss_weight' input (it is not sharded)");
-  return writeFloats(*id, {weight});
+  if (buffer(*id).numel() != static_cast<int64_t>(weights.size()))
+    return absl::InvalidArgumentError(absl::StrCat("the plan's loss_weight takes ", buffer(*id).numel(),
+                                                   " values (one per micro-batch), got ", weights.size()));
+  return writeFloats(*id, weights);
 }
 
 absl::Status Executor::launch(const std::string &kernel, const std::vector<uint32_t> &inputs,
@@ -477,6 +500,26 @@ absl::StatusOr<float> Executor::loss() {
   if (!values.ok())
     return values.status();
   return values->at(0);
+}
+
+absl::StatusOr<std::vector<float>> Executor::losses() {
+  if (findBuffer("loss")) {
+    absl::StatusOr<float> one = loss();
+    if (!one.ok())
+      return one.status();
+    return std::vector<float>{*one};
+  }
+  std::vector<float> out;
+  for (int i = 0;; ++i) {
+    std::optional<uint32_t> id = findBuffer("loss." + std::to_string(i));
+    if (!id)
+      break;
+    absl::StatusOr<std::vector<float>> values = readFloats(*id);
+    if (!values.ok())
+      return values.status();
+    out.push_back(values->at(0));
+  }
+  return out;
 }
 
 } // namespace moec::runtime

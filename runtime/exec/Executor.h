@@ -63,7 +63,8 @@ public:
   /// Whether the plan is sharded: its loss seed is this rank's share of the global loss
   /// (the INPUT `loss_weight`, see --moe-propagate-sharding), set before each run.
   bool hasLossWeight() const { return findBuffer("loss_weight").has_value(); }
-  absl::Status setLossWeight(float weight);
+  /// One weight per micro-batch (one unless the plan is a pipeline stage's).
+  absl::Status setLossWeights(const std::vector<float> &weights);
 
   /// Sets every GRADIENT buffer to zero (before a step's backward accumulates into them).
   absl::Status zeroGradients();
@@ -86,6 +87,9 @@ public:
 
   /// The scalar in the INPUT buffer `loss`.
   absl::StatusOr<float> loss();
+  /// Each micro-batch's loss: `loss`, or `loss.0`, `loss.1`, ... on a pipeline's last stage;
+  /// none on its other stages.
+  absl::StatusOr<std::vector<float>> losses();
 
   /// The buffer as the device holds it (its data is a device pointer).
   TensorRef buffer(uint32_t id) const;

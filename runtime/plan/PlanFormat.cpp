@@ -96,6 +96,8 @@ const char *collectiveKindName(Collective::Kind kind) {
     return "expert_dispatch";
   case Collective::EXPERT_COMBINE:
     return "expert_combine";
+  case Collective::SEND_RECV:
+    return "send_recv";
   default:
     return "unknown";
   }

@@ -693,7 +693,7 @@ private:
                        ? collectiveKindName(collective.kind())
                        : absl::StrCat("unknown (", collective.kind(), ")"),
                    ", expected all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, "
-                   "expert_dispatch or expert_combine");
+                   "expert_dispatch, expert_combine or send_recv");
     int64_t groupSize = 0;
     if (collective.group() >= static_cast<uint32_t>(rank.groups_size())) {
       problems.add(at, "collective.group is ", collective.group(), ", expected < the number of groups (",
@@ -706,9 +706,19 @@ private:
     }
     bool exchange = collective.kind() == Collective::EXPERT_DISPATCH ||
                     collective.kind() == Collective::EXPERT_COMBINE;
-    if (collective.inputs_size() == 0)
+    bool pointToPoint = collective.kind() == Collective::SEND_RECV;
+    if (pointToPoint) {
+      if (collective.inputs_size() > 1 || collective.outputs_size() > 1 ||
+          collective.inputs_size() + collective.outputs_size() == 0)
+        problems.add(at, "send_recv has ", collective.inputs_size(), " inputs and ", collective.outputs_size(),
+                     " outputs, expected at most one of each and at least one");
+      if (groupSize != 0 && groupSize != 2)
+        problems.add(at, "send_recv runs over a group of ", groupSize,
+                     " ranks, expected 2 (neighbouring pipeline stages)");
+    } else if (collective.inputs_size() == 0) {
       problems.add(at, "collective.inputs is empty");
-    if (!exchange && collective.inputs_size() != collective.outputs_size())
+    }
+    if (!exchange && !pointToPoint && collective.inputs_size() != collective.outputs_size())
       problems.add(at, "collective has ", collective.inputs_size(), " inputs and ", collective.outputs_size(),
                    " outputs, expected as many outputs as inputs (inputs[i] -> outputs[i])");
     std::vector<const Buffer *> inputs, outputs;
@@ -719,7 +729,7 @@ private:
       if (outputs.back())
         written[collective.outputs(i)] = true;
     }
-    if (!kindOk || groupSize == 0)
+    if (!kindOk || groupSize == 0 || pointToPoint)
       return;
     if (exchange) {
       checkExpertExchange(at, collective, inputs, outputs, groupSize);

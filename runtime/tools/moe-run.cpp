@@ -314,12 +314,7 @@ Batch shardOf(const data::Batch &global, int64_t shard, int64_t rows, int64_t se
 
 /// The adapter in `dir`, checked against the plan's LoRA tensors.
 absl::Status loadAdapter(const std::string &dir, Session &session) {
-  std::map<std::string, std::vector<int64_t>> expected;
-  const moec::plan::Rank &rank = session.plan.ranks(0);
-  for (const moec::plan::LoraTensor &t : session.plan.lora().tensors()) {
-    const auto &shape = rank.buffers(static_cast<int>(t.param())).shape();
-    expected[t.peft_name()] = std::vector<int64_t>(shape.begin(), shape.end());
-  }
+  std::map<std::string, std::vector<int64_t>> expected = session.trainer->shapes();
   peft::ImportOptions options;
   options.expectedShapes = expected;
   absl::StatusOr<peft::Adapter> adapter = peft::importAdapter(dir, options);
@@ -348,7 +343,8 @@ absl::Status loadAdapter(const std::string &dir, Session &session) {
   return session.trainer->setAdapter(values);
 }
 
-absl::Status exportAdapter(const std::string &dir, Session &session) {
+/// On a pipeline every rank takes part (the stages' tensors are gathered); rank 0 writes.
+absl::Status exportAdapter(const std::string &dir, Session &session, bool write) {
   const moec::plan::LoraLayout &lora = session.plan.lora();
   peft::AdapterSpec spec;
   spec.r = lora.r();
@@ -358,14 +354,15 @@ absl::Status exportAdapter(const std::string &dir, Session &session) {
   spec.useRslora = lora.use_rslora();
   spec.taskType = "CAUSAL_LM";
   std::vector<peft::NamedTensor> tensors;
-  const moec::plan::Rank &rank = session.plan.ranks(0);
+  if (!write && !session.trainer->gathers())
+    return absl::OkStatus();
   absl::StatusOr<std::map<std::string, std::vector<float>>> values = session.trainer->adapter();
   if (!values.ok())
     return values.status();
-  for (const moec::plan::LoraTensor &t : lora.tensors()) {
-    const auto &shape = rank.buffers(static_cast<int>(t.param())).shape();
-    tensors.push_back({t.peft_name(), std::vector<int64_t>(shape.begin(), shape.end()), (*values)[t.peft_name()]});
-  }
+  if (!write)
+    return absl::OkStatus();
+  for (const auto &[name, shape] : session.trainer->shapes())
+    tensors.push_back({name, shape, (*values)[name]});
   return peft::exportAdapter(dir, spec, tensors);
 }
 
@@ -421,7 +418,9 @@ int runTrain(Args &args, const RankSetup &setup) {
   // Every rank reads the same global batches and trains on its shard of each.
   int64_t shards = dataShards(session.plan), shard = setup.rank % shards;
   data::LoaderOptions loaderOptions;
-  loaderOptions.microBatch = session.plan.micro_batch() * shards;
+  // A pipeline stage's step takes several micro-batches at once.
+  int64_t rows = session.plan.micro_batch() * std::max<int64_t>(1, session.plan.micro_batches());
+  loaderOptions.microBatch = rows * shards;
   loaderOptions.seqLen = session.plan.seq_len();
   loaderOptions.shuffle = !inOrder; // --in-order: the data's windows in file order (comparisons)
   loaderOptions.seed = static_cast<uint64_t>(seed);
@@ -466,9 +465,7 @@ int runTrain(Args &args, const RankSetup &setup) {
                   std::to_string(session.trainer->step()) + "): is " + checkpointPath +
                   " visible to every rank?");
   }
-  auto save = [&]() -> absl::Status {
-    if (!lead)
-      return absl::OkStatus();
+  auto save = [&]() -> absl::Status { // rank 0 writes (a pipeline's ranks all take part)
     return session.trainer->saveCheckpoint(checkpointPath, {{"data_state", (*loader)->state().toString()}});
   };
 
@@ -489,7 +486,7 @@ int runTrain(Args &args, const RankSetup &setup) {
   std::ofstream metrics(metricsPath, std::ios::app);
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
-  int64_t tokensPerStep = session.plan.seq_len() * session.plan.micro_batch() * shards;
+  int64_t tokensPerStep = session.plan.seq_len() * rows * shards;
   auto start = std::chrono::steady_clock::now();
   int64_t first = session.trainer->step();
   std::unique_ptr<Watchdog> watchdog = watchdogFor(session, setup);
@@ -505,7 +502,7 @@ int runTrain(Args &args, const RankSetup &setup) {
     }
     data::Batch batch = (*loader)->next();
     absl::StatusOr<StepStats> stats = session.trainer->trainStep(
-        shardOf(batch, shard, session.plan.micro_batch(), session.plan.seq_len()));
+        shardOf(batch, shard, rows, session.plan.seq_len()));
     if (!stats.ok()) // the last checkpoint stays the one to resume from
       return fail(std::string(stats.status().message()));
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -557,10 +554,10 @@ int runTrain(Args &args, const RankSetup &setup) {
                 << checkpointPath << " (continue with --resume)\n";
     return 130;
   }
+  if (absl::Status s = exportAdapter(out + "/adapter", session, lead); !s.ok())
+    return fail(std::string(s.message()));
   if (!lead)
     return 0;
-  if (absl::Status s = exportAdapter(out + "/adapter", session); !s.ok())
-    return fail(std::string(s.message()));
   std::cerr << "moe-run: trained " << session.trainer->step() << " steps\n"
             << "  adapter (PEFT):  " << out << "/adapter\n"
             << "  checkpoint:      " << checkpointPath << "\n"
@@ -633,7 +630,9 @@ int runBench(Args &args, const RankSetup &setup) {
     return fail("--steps must be positive");
   if (absl::Status s = session.trainer->initAdapter(static_cast<uint64_t>(seed)); !s.ok())
     return fail(std::string(s.message()));
-  int64_t vocab = vocabularySize(session.plan), tokens = session.plan.seq_len() * session.plan.micro_batch();
+  int64_t vocab = vocabularySize(session.plan),
+          tokens = session.plan.seq_len() * session.plan.micro_batch() *
+                   std::max<int64_t>(1, session.plan.micro_batches()); // a pipeline: all its micro-batches
   std::mt19937_64 rng(static_cast<uint64_t>(seed) + static_cast<uint64_t>(setup.rank)); // each rank its own tokens
   Batch batch;
   for (int64_t t = 0; t < tokens; ++t) {

@@ -6,36 +6,65 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <list>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/plan/PlanFormat.h"
 #include "runtime/train/Optimizer.h"
 #include "runtime/weights/Safetensors.h"
 #include "runtime/weights/SafetensorsWriter.h"
 
 namespace moec::runtime {
 
+namespace {
+
+bool isForwardDispatch(const plan::Step &step) {
+  return step.phase() == plan::FORWARD && step.has_launch() && step.launch().kernel() == "dispatch" &&
+         step.launch().outputs_size() >= 2;
+}
+
+} // namespace
+
 Trainer::Trainer(Executor &executor) : executor(executor) {
-  for (const plan::LoraTensor &t : executor.planProto().lora().tensors()) {
-    TensorRef param = executor.buffer(t.param());
-    tensors.push_back({t.peft_name(), t.param(), t.grad(), t.adam_m(), t.adam_v(), param.shape,
-                       static_cast<size_t>(param.numel())});
+  const plan::Plan &plan = executor.planProto();
+  const plan::Rank &rank = executor.rankPlan();
+  // A pipeline: ranks run stage by stage (pp is the slowest mesh axis), each stage's ranks
+  // hold its layers' tensors, listed in the layout under the stage's first rank.
+  int pp = std::max(1, plan.mesh().pp()), world = std::max(1, plan.ranks_size());
+  int perStage = std::max(1, world / pp), stage = rank.rank() / perStage;
+  pipelined = pp > 1;
+  lastStage = stage == pp - 1;
+  stageLead = rank.rank() % perStage == 0;
+  microBatches = std::max<int64_t>(1, plan.micro_batches());
+  for (const plan::LoraTensor &t : plan.lora().tensors()) {
+    const plan::Buffer &param = plan.ranks(t.rank()).buffers(static_cast<int>(t.param()));
+    Tensor each{t.peft_name(), t.param(), t.grad(), t.adam_m(), t.adam_v(),
+                std::vector<int64_t>(param.shape().begin(), param.shape().end()),
+                static_cast<size_t>(param.size_bytes() / plan::dtypeSize(param.dtype()))};
+    allTensors.push_back(each);
+    if (t.rank() / perStage == stage)
+      tensors.push_back(each);
   }
   // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read
-  // once after the step.
-  size_t counts = 0;
-  const plan::Rank &rank = executor.rankPlan();
+  // once after the step: one slot per (MoE layer of any stage, micro-batch).
+  for (int r = 0; r < world; r += perStage)
+    for (const plan::Step &step : plan.ranks(r).steps())
+      if (isForwardDispatch(step) && !loadSlots.count(step.layer())) {
+        const plan::Buffer &counts = plan.ranks(r).buffers(static_cast<int>(step.launch().outputs(1)));
+        size_t n = static_cast<size_t>(counts.size_bytes() / sizeof(int64_t));
+        loadSlots[step.layer()] = {countsTotal, n};
+        countsTotal += n * microBatches;
+      }
+  std::map<int, size_t> seen; // forward dispatches of a layer so far: its micro-batch
   for (int s = 0; s < rank.steps_size(); ++s) {
     const plan::Step &step = rank.steps(s);
-    if (step.phase() == plan::FORWARD && step.has_launch() && step.launch().kernel() == "dispatch" &&
-        step.launch().outputs_size() >= 2) {
+    if (isForwardDispatch(step)) {
       uint32_t buffer = step.launch().outputs(1);
       size_t n = static_cast<size_t>(executor.buffer(buffer).numel());
-      countsAtStep[s] = {step.layer(), buffer, counts, n};
-      counts += n;
+      countsAtStep[s] = {step.layer(), buffer, loadSlots.at(step.layer()).first + seen[step.layer()]++ * n, n};
     }
   }
+  size_t counts = countsTotal;
   // The loss step's label rule, for each rank's count of scored tokens.
   for (const plan::Step &step : rank.steps())
     if (step.has_launch() && step.phase() == plan::FORWARD &&
@@ -125,32 +154,59 @@ absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>>
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::adapter() {
+absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::collect(uint32_t Tensor::*buffer) {
   std::map<std::string, std::vector<float>> out;
   for (const Tensor &t : tensors) {
-    absl::StatusOr<std::vector<float>> values = executor.readFloats(t.param);
+    absl::StatusOr<std::vector<float>> values = executor.readFloats(t.*buffer);
     if (!values.ok())
       return values.status();
     out[t.name] = std::move(*values);
   }
+  if (!pipelined)
+    return out;
+  // Every tensor of every stage, summed over ranks: only each stage's first rank adds its
+  // own (x + 0 + ... is exact), so every rank ends with all of them.
+  if (!world)
+    return absl::FailedPreconditionError("a pipeline's adapter is spread over its stages; run every rank");
+  size_t total = 0;
+  for (const Tensor &t : allTensors)
+    total += t.size;
+  std::vector<float> packed(total, 0.0f);
+  size_t at = 0;
+  for (const Tensor &t : allTensors) {
+    if (stageLead && out.count(t.name))
+      std::copy(out[t.name].begin(), out[t.name].end(), packed.begin() + static_cast<std::ptrdiff_t>(at));
+    at += t.size;
+  }
+  absl::StatusOr<void *> device = executor.device().allocate(std::max<size_t>(total, 1) * sizeof(float));
+  if (!device.ok())
+    return device.status();
+  absl::Status status = executor.device().upload(*device, packed.data(), total * sizeof(float));
+  if (status.ok())
+    status = world->allReduce(*device, *device, total, plan::F32);
+  if (status.ok())
+    status = executor.device().download(packed.data(), *device, total * sizeof(float));
+  executor.device().release(*device);
+  if (!status.ok())
+    return absl::Status(status.code(), absl::StrCat("gathering the adapter from the pipeline stages: ",
+                                                    status.message()));
+  at = 0;
+  for (const Tensor &t : allTensors) {
+    out[t.name].assign(packed.begin() + static_cast<std::ptrdiff_t>(at),
+                       packed.begin() + static_cast<std::ptrdiff_t>(at + t.size));
+    at += t.size;
+  }
   return out;
 }
+
+absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::adapter() { return collect(&Tensor::param); }
+
+absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::gradients() { return collect(&Tensor::grad); }
 
 std::map<std::string, std::vector<int64_t>> Trainer::shapes() const {
   std::map<std::string, std::vector<int64_t>> out;
-  for (const Tensor &t : tensors)
+  for (const Tensor &t : allTensors)
     out[t.name] = t.shape;
-  return out;
-}
-
-absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::gradients() {
-  std::map<std::string, std::vector<float>> out;
-  for (const Tensor &t : tensors) {
-    absl::StatusOr<std::vector<float>> grad = executor.readFloats(t.grad);
-    if (!grad.ok())
-      return grad.status();
-    out[t.name] = std::move(*grad);
-  }
   return out;
 }
 
@@ -159,25 +215,40 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     return status;
   if (absl::Status status = executor.zeroGradients(); !status.ok())
     return status;
-  // A sharded step: this rank's share of the global mean loss seeds its backward, so the
-  // plan's sums over ranks give the global batch's gradients.
-  double weight = 1;
+  // A sharded step: this rank's share of the global mean loss seeds its backward (each
+  // micro-batch's share on a pipeline), so the plan's sums over ranks give the global batch's
+  // gradients. Only the ranks that compute the loss (a pipeline's last stage) count tokens.
+  std::vector<double> weights(static_cast<size_t>(microBatches), 1.0);
   if (executor.hasLossWeight()) {
     int ranks = executor.planProto().ranks_size();
     if (!world || world->size() != ranks)
       return absl::FailedPreconditionError(absl::StrCat(
           "the plan is sharded over ", ranks, " ranks: each rank's loss weight needs the others' token "
           "counts; run every rank (moe-run --nproc ", ranks, ")"));
-    int64_t mine = scoredTokens(batch.labels);
-    absl::StatusOr<double> all = sumOverRanks(static_cast<double>(mine), plan::I64);
+    std::vector<int64_t> scored;
+    int64_t mine = 0;
+    size_t rows = batch.labels.size() / static_cast<size_t>(microBatches);
+    for (int64_t m = 0; m < microBatches; ++m) {
+      scored.push_back(scoredTokens({batch.labels.begin() + m * rows, batch.labels.begin() + (m + 1) * rows}));
+      mine += scored.back();
+    }
+    absl::StatusOr<double> all = sumOverRanks(lastStage ? static_cast<double>(mine) : 0.0, plan::I64);
     if (!all.ok())
       return absl::Status(all.status().code(), absl::StrCat("summing scored tokens over ranks: ",
                                                              all.status().message()));
-    weight = *all > 0 ? mine / *all : 0.0;
-    if (absl::Status status = executor.setLossWeight(static_cast<float>(weight)); !status.ok())
+    std::vector<float> seeds;
+    for (int64_t m = 0; m < microBatches; ++m) {
+      weights[m] = *all > 0 ? scored[m] / *all : 0.0;
+      seeds.push_back(static_cast<float>(weights[m]));
+    }
+    if (absl::Status status = executor.setLossWeights(seeds); !status.ok())
       return status;
   }
   auto *copies = static_cast<int64_t *>(countsCopy);
+  // Every slot is zero but the ones this rank's dispatches write (other stages' layers).
+  if (copies && countsTotal)
+    if (absl::Status s = executor.device().zero(copies, countsTotal * sizeof(int64_t)); !s.ok())
+      return s;
   absl::Status status = executor.run([&](int s) {
     auto slot = countsAtStep.find(s);
     if (slot != countsAtStep.end() && copies)
@@ -188,24 +259,31 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     return status;
   // Tokens per expert from each forward dispatch, read once.
   lastLoad.clear();
-  if (copies && !countsAtStep.empty()) {
-    const CountsSlot &last = countsAtStep.rbegin()->second;
-    std::vector<int64_t> all(last.offset + last.count);
+  if (copies && countsTotal > 0) { // the same on every rank: the sum below is a collective
+    std::vector<int64_t> all(countsTotal);
     // On several ranks, the load of the global batch: every rank's tokens per expert, summed.
     if (world && executor.planProto().ranks_size() > 1)
       if (absl::Status s = world->allReduce(copies, copies, all.size(), plan::I64); !s.ok())
         return absl::Status(s.code(), absl::StrCat("summing expert loads over ranks: ", s.message()));
     if (absl::Status s = executor.device().download(all.data(), copies, all.size() * sizeof(int64_t)); !s.ok())
       return s;
-    for (const auto &[step, slot] : countsAtStep)
-      lastLoad[slot.layer].assign(all.begin() + slot.offset, all.begin() + slot.offset + slot.count);
+    for (const auto &[layer, slot] : loadSlots) {
+      std::vector<int64_t> &load = lastLoad[layer];
+      load.assign(slot.second, 0);
+      for (int64_t m = 0; m < microBatches; ++m)
+        for (size_t e = 0; e < slot.second; ++e)
+          load[e] += all[slot.first + m * slot.second + e];
+    }
   }
-  absl::StatusOr<float> loss = executor.loss();
-  if (!loss.ok())
-    return loss.status();
-  lastLoss = *loss;
+  absl::StatusOr<std::vector<float>> losses = executor.losses();
+  if (!losses.ok())
+    return losses.status();
+  double weighted = 0;
+  for (size_t m = 0; m < losses->size(); ++m)
+    weighted += weights[m] * (*losses)[m];
+  lastLoss = static_cast<float>(weighted);
   if (executor.hasLossWeight()) {
-    absl::StatusOr<double> global = sumOverRanks(weight * *loss, plan::F32);
+    absl::StatusOr<double> global = sumOverRanks(weighted, plan::F32);
     if (!global.ok())
       return absl::Status(global.status().code(), absl::StrCat("summing the loss over ranks: ",
                                                                 global.status().message()));
@@ -239,6 +317,14 @@ absl::StatusOr<StepStats> Trainer::optimizerStep() {
       sum += value;
     stats.gradNorm = std::sqrt(sum);
   }
+  // A pipeline: the norm is over every stage's tensors (each stage counted once).
+  if (pipelined) {
+    absl::StatusOr<double> all = sumOverRanks(stageLead ? stats.gradNorm * stats.gradNorm : 0.0, plan::F32);
+    if (!all.ok())
+      return absl::Status(all.status().code(), absl::StrCat("summing the gradient norm over pipeline stages: ",
+                                                             all.status().message()));
+    stats.gradNorm = std::sqrt(*all);
+  }
   stats.lr = learningRate(optimizer, steps);
   google::protobuf::Map<std::string, plan::Attr> attrs;
   attrs["lr"].set_f(stats.lr);
@@ -269,21 +355,28 @@ absl::StatusOr<StepStats> Trainer::trainStep(const Batch &batch) {
 
 absl::Status Trainer::saveCheckpoint(const std::string &path,
                                      const std::map<std::string, std::string> &extra) {
+  bool writes = !world || world->rank() == 0;
+  if (!writes && !pipelined)
+    return absl::OkStatus(); // every rank holds the same tensors; rank 0 writes them
+  absl::StatusOr<std::map<std::string, std::vector<float>>> params = collect(&Tensor::param);
+  if (!params.ok())
+    return params.status();
+  absl::StatusOr<std::map<std::string, std::vector<float>>> moments[] = {collect(&Tensor::m), collect(&Tensor::v)};
+  for (const auto &moment : moments)
+    if (!moment.ok())
+      return moment.status();
+  if (!writes)
+    return absl::OkStatus();
   weights::SafetensorsWriter writer;
-  std::list<std::vector<float>> held; // the writer keeps pointers until write()
-  for (const Tensor &t : tensors) {
-    std::pair<std::string, uint32_t> parts[] = {{t.name, t.param}, {t.name + ".adam_m", t.m},
-                                                {t.name + ".adam_v", t.v}};
-    for (auto &[name, id] : parts) {
-      absl::StatusOr<std::vector<float>> values = executor.readFloats(id);
-      if (!values.ok())
-        return values.status();
-      const std::vector<float> &kept = held.emplace_back(std::move(*values));
-      if (absl::Status s = writer.add(name, weights::DType::F32, t.shape, kept.data(),
-                                      kept.size() * sizeof(float));
+  for (const Tensor &t : allTensors) {
+    std::pair<std::string, const std::vector<float> *> parts[] = {{t.name, &params->at(t.name)},
+                                                                  {t.name + ".adam_m", &moments[0]->at(t.name)},
+                                                                  {t.name + ".adam_v", &moments[1]->at(t.name)}};
+    for (auto &[name, values] : parts)
+      if (absl::Status s = writer.add(name, weights::DType::F32, t.shape, values->data(),
+                                      values->size() * sizeof(float));
           !s.ok())
         return s;
-    }
   }
   if (absl::Status s = writer.setMetadata("moec_checkpoint", "1"); !s.ok())
     return s;
@@ -310,9 +403,9 @@ absl::Status Trainer::loadCheckpoint(const std::string &path, std::map<std::stri
   if (step->second.empty() || *end != '\0' || stepCount < 0)
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": step metadata '", step->second, "' is not a non-negative integer"));
-  if ((*file)->tensors().size() != 3 * tensors.size())
+  if ((*file)->tensors().size() != 3 * allTensors.size())
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": holds ", (*file)->tensors().size(), " tensors, the plan's adapter needs ", 3 * tensors.size(),
+        path, ": holds ", (*file)->tensors().size(), " tensors, the plan's adapter needs ", 3 * allTensors.size(),
         " (parameters and two moments each); was the checkpoint written for another plan?"));
   // Check every tensor before changing anything: a failed resume leaves the trainer as it was.
   for (int pass = 0; pass < 2; ++pass)

@@ -24,7 +24,8 @@
 namespace moec::runtime {
 
 struct Batch {
-  std::vector<int64_t> ids, positions, labels; // one per token, micro_batch x seq_len
+  // One per token: micro_batch x seq_len (x micro_batches for a pipeline stage's plan).
+  std::vector<int64_t> ids, positions, labels;
 };
 
 struct StepStats {
@@ -50,10 +51,14 @@ public:
   /// `{expert}` names); every plan tensor must be there with its size.
   absl::Status setAdapter(const std::map<std::string, std::vector<float>> &tensors);
   /// The adapter as PEFT name -> f32 values (stacked for `{expert}` names), read from the device.
+  /// On a pipeline each stage holds its layers' tensors: every rank must call this (and
+  /// gradients(), saveCheckpoint()) at the same point, as a collective that gathers them all.
   absl::StatusOr<std::map<std::string, std::vector<float>>> adapter();
   absl::StatusOr<std::map<std::string, std::vector<float>>> gradients();
-  /// Shapes of the adapter tensors, by PEFT name.
+  /// Shapes of every adapter tensor of the plan, by PEFT name.
   std::map<std::string, std::vector<int64_t>> shapes() const;
+  /// Whether adapter(), gradients() and saveCheckpoint() are collectives (a pipeline plan).
+  bool gathers() const { return pipelined; }
 
   /// The communicator over every rank of a sharded plan (not owned): each rank's loss
   /// weight needs the global count of scored tokens, and the loss is summed over ranks.
@@ -69,7 +74,8 @@ public:
   /// forwardBackward, then optimizerStep.
   absl::StatusOr<StepStats> trainStep(const Batch &batch);
 
-  /// Writes params, moments, step and `extra` metadata to `path` (temp file + fsync + rename).
+  /// Writes params, moments, step and `extra` metadata to `path` (temp file + fsync + rename);
+  /// on several ranks only rank 0 writes.
   absl::Status saveCheckpoint(const std::string &path, const std::map<std::string, std::string> &extra);
   /// Restores what saveCheckpoint wrote; `extra` receives its metadata.
   absl::Status loadCheckpoint(const std::string &path, std::map<std::string, std::string> &extra);
@@ -83,13 +89,17 @@ private:
     std::vector<int64_t> shape;
     size_t size;
   };
-  /// Each forward dispatch's counts (its second output) and where they go in `countsCopy`:
-  /// their buffer is reused later in the step, so the run copies them on the device.
+  /// Each forward dispatch's counts go to slot (layer, micro-batch) of a layout every rank
+  /// shares, so that one sum over ranks gives the global load even when each pipeline stage
+  /// has other layers.
   struct CountsSlot {
     int layer;
     uint32_t buffer;
     size_t offset, count; // in int64 elements
   };
+  /// Values of one buffer kind of every plan tensor (a collective on a pipeline: each
+  /// stage's first rank contributes its own, the others zeros).
+  absl::StatusOr<std::map<std::string, std::vector<float>>> collect(uint32_t Tensor::*buffer);
 
   /// Positions of `labels` the loss scores (the loss kernels' rule: shifted within each
   /// sequence, ignore_index left out).
@@ -99,7 +109,12 @@ private:
   comm::Communicator *world = nullptr;
   bool shiftLabels = true;
   int64_t ignoreIndex = -100;
-  std::vector<Tensor> tensors;
+  std::vector<Tensor> tensors;    // this rank's
+  std::vector<Tensor> allTensors; // the plan's, buffers of their holding ranks
+  bool pipelined = false, lastStage = true, stageLead = true;
+  int64_t microBatches = 1;
+  size_t countsTotal = 0;
+  std::map<int, std::pair<size_t, size_t>> loadSlots; // layer -> (offset, experts) in countsCopy
   void *sums = nullptr;       // device: one f32 sum of squares per tensor
   void *countsCopy = nullptr; // device: every MoE layer's counts of this step
   void *worldScratch = nullptr; // device: one value summed over ranks

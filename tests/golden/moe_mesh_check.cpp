@@ -1,13 +1,14 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
-//   moe-mesh-check DIR --mesh dp=2,ep=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
+//   moe-mesh-check DIR --mesh dp=2,ep=2,pp=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
 //                  [--plan SINGLE --mesh-plan MESH]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
 // golden.safetensors). The batch is the golden sequences, repeated until it
 // splits over the mesh's dp x ep data shards. Compiles the config twice with
 // the adapter's settings: for one rank on the whole batch, and for the mesh
-// with the batch split over its shards (--micro-batch batch / (dp ep)), or
+// with the batch split over its shards (--micro-batch batch / (dp ep); with
+// pp, 2 pp micro-batches of one sequence each per step, in 1F1B order), or
 // takes both plans (--plan, --mesh-plan: where moec cannot run). Runs
 // the single rank, then every rank of the mesh as a thread of this process
 // (the CPU communicator; with --backend cuda, rank r on GPU r with NCCL, the
@@ -185,9 +186,10 @@ int main(int argc, char **argv) {
   std::vector<int64_t> goldenIds(static_cast<size_t>(goldenBatch * seq)), goldenLabels(goldenIds.size());
   std::memcpy(goldenIds.data(), (*golden)->data(*idsInfo).data(), goldenIds.size() * sizeof(int64_t));
   std::memcpy(goldenLabels.data(), (*golden)->data(*labelsInfo).data(), goldenLabels.size() * sizeof(int64_t));
-  // Data shards: every dp and ep rank trains on its own sequences.
-  int64_t shards = mesh.dp * mesh.ep;
-  int64_t batch = goldenBatch % shards == 0 ? goldenBatch : goldenBatch * shards;
+  // Data shards: every dp and ep rank trains on its own sequences; the stages of a pipeline
+  // share theirs, 2 pp micro-batches of one sequence each.
+  int64_t shards = mesh.dp * mesh.ep, microBatches = mesh.pp > 1 ? 2 * mesh.pp : 1;
+  int64_t batch = goldenBatch % (shards * microBatches) == 0 ? goldenBatch : shards * microBatches;
   std::vector<int64_t> ids, labels;
   for (int64_t b = 0; b < batch; ++b) {
     int64_t from = (b % goldenBatch) * seq;
@@ -211,7 +213,8 @@ int main(int argc, char **argv) {
   std::string tempDir = (std::filesystem::temp_directory_path() / "moe-mesh-check-XXXXXX").string();
   if (!mkdtemp(tempDir.data()))
     return fail("cannot create a temporary directory for the plans");
-  auto compile = [&](const std::string &name, int64_t microBatch, const std::string &meshFlag)
+  auto compile = [&](const std::string &name, int64_t microBatch, const std::string &meshFlag,
+                     int64_t pipelineMicroBatches)
       -> absl::StatusOr<plan::Plan> {
     if (!singlePath.empty()) {
       absl::StatusOr<plan::Plan> given = plan::loadPlan(meshFlag.empty() ? singlePath : meshPath);
@@ -226,21 +229,25 @@ int main(int argc, char **argv) {
                                          "--max-grad-norm", "0", "--weight-decay", "0", "--dtype", dtype,
                                          "-o", tempDir + "/" + name};
     if (!meshFlag.empty())
-      moecArgs.insert(moecArgs.end(), {"--mesh", meshFlag});
+      moecArgs.insert(moecArgs.end(), {"--mesh", meshFlag, "--pipeline-micro-batches",
+                                       std::to_string(pipelineMicroBatches)});
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
       return s;
     return plan::loadPlan(tempDir + "/" + name);
   };
-  absl::StatusOr<plan::Plan> single = compile("single.moeplan", batch, "");
-  absl::StatusOr<plan::Plan> sharded = compile("mesh.moeplan", batch / shards, mesh.str());
+  absl::StatusOr<plan::Plan> single = compile("single.moeplan", batch, "", 1);
+  absl::StatusOr<plan::Plan> sharded =
+      compile("mesh.moeplan", batch / shards / microBatches, mesh.str(), microBatches);
   std::filesystem::remove_all(tempDir);
   if (!single.ok())
     return fail(std::string(single.status().message()));
   if (!sharded.ok())
     return fail(std::string(sharded.status().message()));
-  if (sharded->mesh().dp() != mesh.dp || sharded->mesh().ep() != mesh.ep || sharded->ranks_size() != mesh.size())
+  if (sharded->mesh().dp() != mesh.dp || sharded->mesh().ep() != mesh.ep || sharded->mesh().pp() != mesh.pp ||
+      sharded->ranks_size() != mesh.size())
     return fail("the mesh plan is for dp=" + std::to_string(sharded->mesh().dp()) + ",ep=" +
-                std::to_string(sharded->mesh().ep()) + ", not " + mesh.str());
+                std::to_string(sharded->mesh().ep()) + ",pp=" + std::to_string(sharded->mesh().pp()) + ", not " +
+                mesh.str());
   int world = sharded->ranks_size();
   Placement where;
   where.cuda = backend == "cuda";

@@ -7,9 +7,9 @@
 #   tests/gpu/gpu_run.sh bench  on the GPU machine: the kernel micro-benchmarks (*_bench) and
 #                               the table of bench/bench.sh (KERNELS_ONLY=1: the former only)
 #   tests/gpu/gpu_run.sh mesh   on a machine with 2 GPUs: the NCCL and expert MLP tests, every
-#                               golden family on dp=2 and ep=2 (a GPU per rank) against one GPU
-#                               (moe-mesh-check, f32 and bf16), and Qwen3-30B-A3B (48 layers,
-#                               4096 tokens per GPU) on one GPU, dp=2 and ep=2: tokens/s per GPU
+#                               golden family on dp=2, ep=2 and pp=2 (a GPU per rank) against one
+#                               GPU (moe-mesh-check, f32 and bf16), and Qwen3-30B-A3B (48 layers,
+#                               4096 tokens per GPU) on one GPU, dp=2, ep=2, pp=2: tokens/s per GPU
 #                               and exposed communication (moe-run bench --nproc 2)
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
@@ -62,19 +62,24 @@ if [ "${1:-}" = pack ]; then
   done
   # Meshes of two GPUs: each family on dp=2 and ep=2 (one of the golden batch's two sequences
   # per rank), and Qwen3-30B-A3B at 4096 tokens per GPU on one GPU, dp=2 and ep=2.
+  # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2; do
+      for mesh in dp=2 ep=2 pp=2; do
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
-          --seq-len 96 --micro-batch 1 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
-          --weight-decay 0 --dtype "$dtype" --mesh "$mesh" -o "$pack/plans/$f.$dtype.$mesh.moeplan" 2>/dev/null
+          --seq-len 96 --micro-batch 1 --pipeline-micro-batches 4 --lr 1e-3 --warmup-steps 0 --schedule constant \
+          --max-grad-norm 0 --weight-decay 0 --dtype "$dtype" --mesh "$mesh" \
+          -o "$pack/plans/$f.$dtype.$mesh.moeplan" 2>/dev/null
       done
+      "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
+        --seq-len 96 --micro-batch 4 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
+        --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.batch4.moeplan" 2>/dev/null
     done
   done
-  for mesh in "" dp=2 ep=2; do
+  for mesh in "" dp=2 ep=2 pp=2; do
     "$bin/compiler/tools/moec" compile models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+--mesh $mesh} \
-      -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
+      --pipeline-micro-batches 4 -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
   done
   # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
   attention=q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj
@@ -119,9 +124,10 @@ if [ "$1" = mesh ]; then
   : >"$out/mesh_check.log"
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2; do
+      for mesh in dp=2 ep=2 pp=2; do
+        single="$pack/plans/$f.$dtype.fused.moeplan"; [ "$mesh" = pp=2 ] && single="$pack/plans/$f.$dtype.batch4.moeplan"
         if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "$mesh" \
-          --plan "$pack/plans/$f.$dtype.fused.moeplan" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
+          --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
           >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
         { echo "===== moe-mesh-check $f $dtype $mesh ($status)"; cat "$out/one.log"; } >>"$out/mesh_check.log"
         summary+=("$(printf '%-62s %-7s %s' "moe-mesh-check $f --dtype $dtype --mesh $mesh" "$status" "$(tail -1 "$out/one.log")")")
@@ -130,9 +136,9 @@ if [ "$1" = mesh ]; then
   done
   rm -f "$out/one.log"
   : >"$out/scale.log"
-  for mesh in single dp=2 ep=2; do
+  for mesh in single dp=2 ep=2 pp=2; do
     nproc=2; [ "$mesh" = single ] && nproc=1
-    { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh"
+    { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh (pp: 4 micro-batches of 4096 per step)"
       "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
         --random-weights 0 --steps 5 --warmup 2 --nproc $nproc 2>&1 || echo "FAILED: $mesh"
     } | tee -a "$out/scale.log"

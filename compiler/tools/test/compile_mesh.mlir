@@ -51,6 +51,6 @@
 // PLANREPORT: expert_dispatch  ep     forward        2         49,152  rows to the ranks of their experts
 // PLANREPORT: expert_dispatch  ep     backward       2         49,152
 
-// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp and ep are)
+// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp, ep and pp are)
 // TP: moec: error: compiling {{.*}} failed
 // TWICE: moec: error: --mesh 'ep=2,ep=4': axis ep is given twice

@@ -41,7 +41,7 @@
 // PIPELINE: moe.all_to_all_dispatch
 // PIPELINE: moe.all_reduce_grads {axis = "dp+ep", layer = 1 : i64}
 
-// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp and ep are)
+// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp, ep and pp are)
 // UNEVEN: error: 'moe.expert_mlp' op has 4 experts, which do not split over ep = 3
 // BAD: error: --moe-propagate-sharding: mesh 'dp=x': size of dp must be a whole number >= 1, not 'x'
 // AFTER: error: --moe-propagate-sharding: runs before --moe-build-training-step (the step differentiates through the collectives); the model already has @train_step
