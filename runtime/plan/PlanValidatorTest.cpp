@@ -339,6 +339,26 @@ TEST_F(PlanValidatorTest, RejectsAnExpertDispatchWithMissingOutputs) {
                                          "(received, local_counts, source_counts)"));
 }
 
+TEST_F(PlanValidatorTest, AcceptsAPipelineExchangeThatSendsReceivesOrBoth) {
+  for (Rank &rank : *plan.mutable_ranks())
+    rank.mutable_steps(4)->mutable_collective()->set_kind(Collective::SEND_RECV);
+  EXPECT_EQ(messageOf(plan), "OK"); // sends its input, receives its output
+  rank0().mutable_steps(4)->mutable_collective()->clear_outputs();
+  plan.mutable_ranks(1)->mutable_steps(4)->mutable_collective()->clear_inputs();
+  EXPECT_EQ(messageOf(plan), "OK"); // rank 0 only sends, rank 1 only receives
+}
+
+TEST_F(PlanValidatorTest, RejectsAPipelineExchangeThatMovesNothing) {
+  for (Rank &rank : *plan.mutable_ranks()) {
+    Collective *c = rank.mutable_steps(4)->mutable_collective();
+    c->set_kind(Collective::SEND_RECV);
+    c->clear_inputs();
+    c->clear_outputs();
+  }
+  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 4 (send_recv): send_recv has 0 inputs and 0 outputs, "
+                                         "expected at most one of each and at least one"));
+}
+
 TEST_F(PlanValidatorTest, RejectsMembersIssuingDifferentCollectives) {
   plan.mutable_ranks(1)->mutable_steps(8)->mutable_collective()->set_kind(Collective::BROADCAST);
   EXPECT_THAT(messageOf(plan), HasSubstr("group tp [0,1]: collective #1 on it is broadcast at rank 1 step 8 but "

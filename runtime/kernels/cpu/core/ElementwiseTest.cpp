@@ -326,6 +326,26 @@ TEST(Fill, WritesEveryElement) {
   EXPECT_THAT(failureOf(noValue), HasSubstr("missing attribute 'value'"));
 }
 
+TEST(Microbatch, TakesOneBlockOfRowsOrOneElement) {
+  OwnedTensor rows = randomTensor({6, 4}, 3);
+  std::vector<float> all = rows.floats();
+  for (int64_t index : {0, 2}) {
+    KernelCall call(registry(), "microbatch");
+    call.input(rows).attr("index", index).attr("count", int64_t{3}).output(plan::F32, {2, 4});
+    call.run();
+    std::vector<double> want(all.begin() + index * 8, all.begin() + (index + 1) * 8);
+    expectNear(call.result(0).floats(), want, 0, "microbatch rows");
+  }
+  KernelCall scalar(registry(), "microbatch");
+  scalar.input(floatTensor({3}, {0.5f, -1.5f, 2.0f})).attr("index", int64_t{1}).attr("count", int64_t{3});
+  scalar.output(plan::F32, {});
+  scalar.run();
+  EXPECT_EQ(scalar.result(0).floats().at(0), -1.5f);
+  KernelCall uneven(registry(), "microbatch");
+  uneven.input(randomTensor({5, 4}, 5)).attr("index", int64_t{0}).attr("count", int64_t{2}).output(plan::F32, {2, 4});
+  EXPECT_THAT(failureOf(uneven), HasSubstr("microbatch: the result must be block 0 of 2 equal blocks"));
+}
+
 /// accumulate_grad adds into its output, so it runs on a hand-made context
 /// (KernelCall zeroes outputs first).
 void runAccumulate(OwnedTensor &grad, OwnedTensor &acc) {
