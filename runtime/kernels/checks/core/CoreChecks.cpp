@@ -164,4 +164,15 @@ AdamWConstants adamwLaunch(const KernelContext &ctx) {
                         ctx.attrFloat("eps"), ctx.attrFloat("weight_decay"), ctx.attrFloat("grad_scale"));
 }
 
+std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx) {
+  const TensorRef &in = ctx.in(0), &out = ctx.out(0);
+  int64_t index = ctx.attrInt("index"), count = ctx.attrInt("count");
+  if (in.dtype != out.dtype || count < 1 || index < 0 || index >= count || in.numel() != out.numel() * count)
+    ctx.fail("microbatch: the result must be block " + std::to_string(index) + " of " + std::to_string(count) +
+             " equal blocks of the input (" + std::to_string(in.numel()) + " elements, result " +
+             std::to_string(out.numel()) + ")");
+  size_t bytes = static_cast<size_t>(out.numel()) * plan::dtypeSize(out.dtype);
+  return {static_cast<size_t>(index) * bytes, bytes};
+}
+
 } // namespace moec::runtime::checks::core

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/kernels/Kernel.h"
@@ -85,6 +86,10 @@ const TensorRef &lmHeadLossLogsumexp(const KernelContext &ctx, const BackwardLau
 /// adamw: grad in; param, adam_m, adam_v out (updated in place), all of one shape; returns
 /// the step's constants from the launch's attributes.
 AdamWConstants adamwLaunch(const KernelContext &ctx);
+
+/// The `microbatch` launch (a pipelined step's micro-batch `index` of `count` equal row blocks
+/// of its input, or for a scalar result element `index`): (byte offset, bytes) to copy.
+std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx);
 
 } // namespace moec::runtime::checks::core
 

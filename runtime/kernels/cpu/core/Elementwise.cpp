@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "runtime/kernels/cpu/core/CoreCommon.h"
-#include "runtime/plan/PlanFormat.h"
 
 namespace moec::runtime::cpu::core {
 
@@ -275,21 +274,8 @@ void fill(KernelContext &ctx) {
   forEach(ctx, result.numel(), [&](int64_t i) { y[i] = value; });
 }
 
-/// One micro-batch of a pipelined step's input: the `index`-th of `count` equal row blocks
-/// (or, for a scalar result, element `index`), any dtype.
-std::pair<size_t, size_t> microbatchBytes(KernelContext &ctx) {
-  const TensorRef &in = ctx.in(0), &out = ctx.out(0);
-  int64_t index = ctx.attrInt("index"), count = ctx.attrInt("count");
-  if (in.dtype != out.dtype || count < 1 || index < 0 || index >= count || in.numel() != out.numel() * count)
-    ctx.fail("microbatch: the result must be block " + std::to_string(index) + " of " + std::to_string(count) +
-             " equal blocks of the input (" + std::to_string(in.numel()) + " elements, result " +
-             std::to_string(out.numel()) + ")");
-  size_t bytes = static_cast<size_t>(out.numel()) * plan::dtypeSize(out.dtype);
-  return {static_cast<size_t>(index) * bytes, bytes};
-}
-
 void microbatch(KernelContext &ctx) {
-  auto [offset, bytes] = microbatchBytes(ctx);
+  auto [offset, bytes] = checks::core::microbatchBytes(ctx);
   std::memcpy(ctx.out(0).data, static_cast<const char *>(ctx.in(0).data) + offset, bytes);
 }
 
