@@ -67,6 +67,18 @@ void addAttr(google::protobuf::Map<std::string, plan::Attr> &attrs, StringRef ke
   }
 }
 
+/// This tp rank's window of a tensor split over tp.
+plan::Slice tpSlice(const ProgramBuffer &buffer, int64_t coordinate) {
+  plan::Slice slice;
+  for (auto [d, size] : llvm::enumerate(buffer.shape)) {
+    plan::Slice::Range *range = slice.add_dims();
+    bool split = static_cast<int>(d) == buffer.tpDim;
+    range->set_start(split ? coordinate * size : 0);
+    range->set_size(size);
+  }
+  return slice;
+}
+
 /// One stage's program as a rank of the plan (rank 0's coordinates; emitPlan sets each
 /// rank's own), and the axes of its groups in first-use order (a pipeline exchange's key
 /// names its pair of stages: "pp@0-1").
@@ -204,6 +216,12 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
     each->set_rank(static_cast<int32_t>(r));
     for (plan::WeightBinding &binding : *each->mutable_weights()) {
       const ProgramBuffer &buffer = mine.buffers[binding.buffer()];
+      if (buffer.tpDim >= 0) {
+        *binding.mutable_slice() = tpSlice(buffer, shape.coordinate(r, "tp"));
+        for (auto [d, size] : llvm::enumerate(buffer.shape))
+          binding.add_whole_shape(static_cast<int>(d) == buffer.tpDim ? size * shape.tp : size);
+        continue;
+      }
       if (!buffer.expertSplit)
         continue;
       int64_t firstExpert = shape.coordinate(r, "ep") * buffer.shape.at(0);
@@ -278,21 +296,29 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
     lora->set_expert_lora(static_cast<bool>(config.get("expert_lora")));
     lora->set_use_rslora(static_cast<bool>(config.get("rslora")));
   }
-  // Each trainable tensor is held by every rank of its stage; the layout names the first.
+  // Each trainable tensor is held by every rank of its stage (its part of it by every rank of
+  // its stage and tp coordinate, when split over tp); the layout names the first of them.
+  auto firstRank = [&](int64_t stage, int64_t tp) {
+    for (int64_t r = 0; r < shape.size(); ++r)
+      if (shape.coordinate(r, "pp") == stage && shape.coordinate(r, "tp") == tp)
+        return r;
+    return int64_t{0};
+  };
   for (auto [stage, each] : llvm::enumerate(programs)) {
-    int64_t holder = 0;
-    while (shape.coordinate(holder, "pp") != static_cast<int64_t>(stage))
-      ++holder;
     for (auto [id, buffer] : llvm::enumerate(each.buffers)) {
       if (buffer.role != plan::LORA_PARAM)
         continue;
-      plan::LoraTensor *tensor = lora->add_tensors();
-      tensor->set_peft_name(buffer.tensor);
-      tensor->set_rank(static_cast<int32_t>(holder));
-      tensor->set_param(static_cast<uint32_t>(id));
-      tensor->set_grad(buffer.grad);
-      tensor->set_adam_m(buffer.adamM);
-      tensor->set_adam_v(buffer.adamV);
+      for (int64_t tp = 0; tp < (buffer.tpDim >= 0 ? shape.tp : 1); ++tp) {
+        plan::LoraTensor *tensor = lora->add_tensors();
+        tensor->set_peft_name(buffer.tensor);
+        tensor->set_rank(static_cast<int32_t>(firstRank(static_cast<int64_t>(stage), tp)));
+        tensor->set_param(static_cast<uint32_t>(id));
+        tensor->set_grad(buffer.grad);
+        tensor->set_adam_m(buffer.adamM);
+        tensor->set_adam_v(buffer.adamV);
+        if (buffer.tpDim >= 0)
+          *tensor->mutable_slice() = tpSlice(buffer, tp);
+      }
     }
   }
   return out;

@@ -135,10 +135,17 @@ private:
     bool trainable = param.getTrainable();
     int id = newBuffer(tensor, trainable ? plan::LORA_PARAM : plan::WEIGHT, param.getLocalType(), dims);
     program.buffers[id].tensor = tensor;
-    program.buffers[id].expertSplit = !param.getShardingOrReplicated().isReplicated();
+    for (auto [d, axis] : llvm::enumerate(param.getShardingOrReplicated().getDims())) {
+      program.buffers[id].expertSplit |= axis.getValue() == "ep";
+      if (axis.getValue() == "tp")
+        program.buffers[id].tpDim = static_cast<int>(d);
+    }
+    program.buffers[id].tpPartialGrad = param->hasAttr(moe::kTpPartialGradAttr);
     if (trainable) {
       int grad = newBuffer(tensor + ".grad", plan::GRADIENT, param.getLocalType(), dims);
       program.buffers[grad].expertSplit = program.buffers[id].expertSplit;
+      program.buffers[grad].tpDim = program.buffers[id].tpDim;
+      program.buffers[grad].tpPartialGrad = program.buffers[id].tpPartialGrad;
       // AdamW moments stay in f32 whatever the parameter's dtype.
       auto f32 = RankedTensorType::get(shape, Float32Type::get(model.getContext()));
       int m = newBuffer(tensor + ".adam_m", plan::OPTIMIZER_STATE, f32, dims);
@@ -212,7 +219,9 @@ private:
         auto param = cast<moe::ParamOp>(SymbolTable::lookupSymbolIn(context.symbols, grad.getParamAttr()));
         int target = program.buffers[paramBuffer(param, context.layer)].grad;
         addStep(&op, "accumulate_grad", {values.lookup(grad.getGrad())}, {target}, context);
-        std::vector<int> &bucket = gradsOfLayer[{context.layer, program.buffers[target].expertSplit}];
+        const ProgramBuffer &buffer = program.buffers[target];
+        std::vector<int> &bucket =
+            gradsOfLayer[{context.layer, buffer.expertSplit ? kExperts : buffer.tpPartialGrad ? kTpPartial : kReplicated}];
         if (llvm::find(bucket, target) == bucket.end())
           bucket.push_back(target);
         continue;
@@ -220,7 +229,9 @@ private:
       if (auto reduce = dyn_cast<moe::AllReduceGradsOp>(op)) {
         // In place over the gradients that layer accumulated; a layer without any
         // (frozen throughout) needs no collective.
-        std::vector<int> bucket = gradsOfLayer[{reduce.getLayer(), reduce.getExperts()}];
+        std::vector<int> bucket = gradsOfLayer[{reduce.getLayer(), reduce.getExperts()    ? kExperts
+                                                                   : reduce.getTpPartial() ? kTpPartial
+                                                                                           : kReplicated}];
         if (bucket.empty())
           continue;
         addStep(&op, "", bucket, bucket, context);
@@ -237,6 +248,27 @@ private:
         context.backward = true;
       if (pipelined && context.layer < 0)
         context.backward = op.hasAttr(moe::kPipelineBackwardAttr);
+      // Tensor parallel: entering a split region is the identity (the same buffer); leaving it
+      // sums the ranks' partial results.
+      if (auto enter = dyn_cast<moe::TpEnterOp>(op)) {
+        values[enter.getResult()] = values.lookup(enter.getInput());
+        continue;
+      }
+      if (auto exit = dyn_cast<moe::TpExitOp>(op)) {
+        int in = values.lookup(exit.getInput());
+        FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values);
+        if (failed(shape))
+          return failure();
+        std::string name = (context.layer >= 0 ? "layer" + std::to_string(context.layer) + "." : "") +
+                           "tp_exit." + std::to_string(program.steps.size());
+        int out = newBuffer(name, context.instance >= 0 ? plan::WORKSPACE : plan::ACTIVATION, exit.getType(), *shape);
+        program.buffers[out].instance = context.instance;
+        values[exit.getResult()] = out;
+        addStep(&op, "", {in}, {out}, context);
+        program.steps.back().collective = "all_reduce";
+        program.steps.back().axis = exit.getAxis().str();
+        continue;
+      }
       if (auto exchange = dyn_cast<moe::StageExchangeOp>(op)) {
         context.backward = exchange.getBackward();
         std::vector<int> inputs, outputs;
@@ -411,8 +443,10 @@ private:
   bool pipelined = false;
   std::map<std::string, int> params;
   /// The gradient buffers each layer index accumulates (-1: model level), in first-use
-  /// order, apart for parameters split over ep.
-  std::map<std::pair<int64_t, bool>, std::vector<int>> gradsOfLayer;
+  /// order, by kind: those of replicated parameters, of parameters split over ep, and of
+  /// replicated ones whose gradient each tp rank has a part of.
+  enum BucketKind { kReplicated, kExperts, kTpPartial };
+  std::map<std::pair<int64_t, BucketKind>, std::vector<int>> gradsOfLayer;
 };
 
 /// Lowest offset where `size` bytes fit beside `placed` (sorted by offset).

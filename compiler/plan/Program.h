@@ -40,6 +40,11 @@ struct ProgramBuffer {
   /// experts, `shape[0]` of them starting at `ep coordinate x shape[0]` (set per rank
   /// at emission).
   bool expertSplit = false;
+  /// A parameter split over tp (attention heads; and its gradient and moments): the
+  /// dimension, `shape[tpDim]` of it per rank starting at `tp coordinate x shape[tpDim]`.
+  int tpDim = -1;
+  /// A replicated trainable parameter whose gradient each tp rank holds a part of.
+  bool tpPartialGrad = false;
   /// Rows that are room for this many times the rows expected (an expert-parallel rank's
   /// received rows: any rank may send it all its rows); FLOP counts use the expected ones.
   int64_t rowsRoom = 1;

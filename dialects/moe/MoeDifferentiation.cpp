@@ -65,6 +65,24 @@ LogicalResult AddOp::buildBackward(OpBuilder &builder, ValueRange resultGrads,
   return success();
 }
 
+LogicalResult TpEnterOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                       SmallVectorImpl<Value> &operandGrads) {
+  // Each rank's part of the region contributes to the input's gradient: their sum.
+  operandGrads.assign(1, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<TpExitOp>(getLoc(), resultGrads[0], getAxisAttr());
+  return success();
+}
+
+LogicalResult TpExitOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                      SmallVectorImpl<Value> &operandGrads) {
+  // d(sum of parts) / d(part) is the identity; no kernel, no communication.
+  operandGrads.assign(1, Value());
+  if (wanted[0])
+    operandGrads[0] = resultGrads[0];
+  return success();
+}
+
 static ParamOp lookupParam(WeightOp weight) {
   return SymbolTable::lookupNearestSymbolFrom<ParamOp>(weight, weight.getParamAttr());
 }

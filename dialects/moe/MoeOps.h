@@ -30,6 +30,10 @@ constexpr llvm::StringLiteral kBackwardTemplateAttr = "backward";
 /// The discardable attribute --moe-schedule-pipeline puts on the backward work of a stage
 /// function (its forward and backward work interleave, so order alone does not say).
 constexpr llvm::StringLiteral kPipelineBackwardAttr = "moe.pipeline_backward";
+/// The discardable attribute --moe-propagate-sharding puts on a replicated trainable
+/// parameter read inside a tensor-parallel region: each tp rank computes only its heads'
+/// share of its gradient, so the gradient sum runs over tp too.
+constexpr llvm::StringLiteral kTpPartialGradAttr = "moe.tp_partial_grad";
 } // namespace moec::moe
 
 #include "dialects/moe/MoeInterfaces.h.inc"

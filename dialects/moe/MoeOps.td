@@ -780,14 +780,17 @@ def Moe_AllReduceGradsOp : Moe_Op<"all_reduce_grads"> {
     "dp+ep": a replicated parameter sees the tokens of both). With
     `experts`, the bucket holds only the gradients of parameters split over
     `ep` (summed over `dp`: each expert-parallel rank owns its experts);
-    without, only the others.
+    with `tp_partial`, only replicated parameters of which each
+    tensor-parallel rank holds a partial gradient (read inside a split
+    attention: summed over `tp` too); without either, the others.
 
     ```mlir
     moe.all_reduce_grads {axis = "dp+ep", layer = 3 : i64}
     moe.all_reduce_grads {axis = "dp", experts, layer = 3 : i64}
+    moe.all_reduce_grads {axis = "dp+ep+tp", layer = 3 : i64, tp_partial}
     ```
   }];
-  let arguments = (ins StrAttr:$axis, I64Attr:$layer, UnitAttr:$experts);
+  let arguments = (ins StrAttr:$axis, I64Attr:$layer, UnitAttr:$experts, UnitAttr:$tp_partial);
   let assemblyFormat = "attr-dict";
 }
 
@@ -888,6 +891,47 @@ def Moe_StageExchangeOp : Moe_Op<"stage_exchange"> {
   let results = (outs Optional<AnyRankedTensor>:$received);
   let assemblyFormat = "(`send` `(` $send^ `:` type($send) `)`)? attr-dict (`->` type($received)^)?";
   let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Tensor parallel: inserted by --moe-propagate-sharding
+//===----------------------------------------------------------------------===//
+
+def Moe_TpEnterOp : Moe_Op<"tp_enter", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Where a replicated value enters a tensor-parallel region (identity).";
+  let description = [{
+    Every rank of `axis` holds the same `input`; the ops after this one
+    compute that rank's part (its attention heads). The forward is the
+    identity; the backward sums the parts' gradients over `axis`
+    (`moe.tp_exit` on the gradient), since each rank's heads contribute to
+    the input's gradient.
+
+    ```mlir
+    %x1 = moe.tp_enter %x {axis = "tp"} : tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Moe_TpExitOp : Moe_Op<"tp_exit", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Sums the ranks' partial results of a tensor-parallel region (all-reduce).";
+  let description = [{
+    Each rank of `axis` holds a partial sum (its heads' share of the output
+    projection); the result, the same on every rank, is their sum. The
+    backward is the identity: every rank's part depends on the sum the same
+    way.
+
+    ```mlir
+    %y = moe.tp_exit %partial {axis = "tp"} : tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
 #endif // DIALECTS_MOE_MOEOPS_TD_

@@ -3,6 +3,7 @@
 #include "passes/propagate_sharding/PropagateSharding.h"
 
 #include "dialects/moe/MeshShape.h"
+#include "passes/propagate_sharding/SplitHeads.h"
 #include "mlir/IR/Builders.h"
 
 #define DEBUG_TYPE "moe-propagate-sharding"
@@ -28,11 +29,6 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       return signalPassFailure();
     }
     // pp needs no sharding here: --moe-schedule-pipeline splits the step into stages.
-    if (shape.tp > 1) {
-      model.emitError("--moe-propagate-sharding: mesh '")
-          << mesh << "': tp > 1 is not supported yet (dp, ep and pp are)";
-      return signalPassFailure();
-    }
     if (SymbolTable::lookupSymbolIn(model, "train_step")) {
       model.emitError("--moe-propagate-sharding: runs before --moe-build-training-step (the step "
                       "differentiates through the collectives); the model already has @train_step");
@@ -47,6 +43,30 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     model->setAttr("mesh", b.getStringAttr(shape.str()));
     if (shape.ep > 1 && failed(splitExperts(model, shape.ep)))
       return signalPassFailure();
+    if (shape.tp > 1 && failed(splitHeads(model, shape.tp)))
+      return signalPassFailure();
+  }
+
+  /// Tensor parallel: every attention whose projections can be traced splits its heads; the
+  /// rest of the model stays replicated (each tp rank computes it), with a warning naming
+  /// what and why.
+  LogicalResult splitHeads(moe::ModelOp model, int64_t ranks) {
+    FailureOr<HeadSplitReport> report = splitAttentionHeads(model, ranks);
+    if (failed(report))
+      return failure();
+    if (report->split.empty()) {
+      InFlightDiagnostic error = model.emitError("--moe-propagate-sharding: tp = ")
+                                 << ranks << " splits the heads of moe.attention (grouped-query attention), and ";
+      if (report->kept.empty())
+        error << "this model has none (MLA, DSA and linear attention are not split over tp yet)";
+      for (const auto &[layer, why] : report->kept)
+        error << "@" << layer << "'s cannot: " << why << "; ";
+      return error;
+    }
+    for (const auto &[layer, why] : report->kept)
+      model.emitWarning("--moe-propagate-sharding: tp = ")
+          << ranks << " keeps the attention of @" << layer << " on every tp rank: " << why;
+    return success();
   }
 
   /// Splits every expert MLP's parameters over ep and routes its rows through the all-to-all.

@@ -26,8 +26,23 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     computed on every rank for its own tokens, so the router, dispatch and
     combine are unchanged.
 
-    Tensor and pipeline parallel (`tp`, `pp` > 1) are not supported yet: the
-    pass fails and says so; `moec compile --emit=report` estimates them.
+    Tensor parallel (`tp`): the heads of every `moe.attention` whose
+    projections can be traced split over the `tp` ranks, by the ops'
+    sharding rules (Megatron's column and row split): q/k/v projections
+    (and their adapters' B) by rows, per-head norms, RoPE, per-head splits
+    and output gates follow, the attention keeps `heads / tp` heads, the
+    output projection (and its adapter's A) splits by columns and makes a
+    partial sum. `moe.tp_enter` marks where the replicated input enters
+    (its backward sums the gradient over tp), `moe.tp_exit` sums the
+    partial result where a replicated value is needed (the all-reduce).
+    Replicated adapters read inside (A of q, B of o) get
+    `moe.tp_partial_grad`: `--moe-sync-gradients` sums them over tp too.
+    Everything else (MLA, DSA, linear attention, MLPs, experts) stays
+    replicated: every tp rank computes it; an attention that cannot split
+    is named in a warning, and a model with none fails.
+
+    Pipeline parallel (`pp`) changes nothing here: `--moe-schedule-pipeline`
+    splits the training step into stages.
 
     Before (`mesh=ep=2`, 8 experts):
     ```mlir

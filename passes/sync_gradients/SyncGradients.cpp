@@ -16,18 +16,27 @@ namespace {
 
 using namespace mlir;
 
-/// Which kinds of parameter gradients running `layer` accumulates: replicated ones, and
-/// ones split over ep.
+/// Which kinds of parameter gradients running `layer` accumulates: replicated ones (whole
+/// on every tp rank, or partial: read inside a split attention), and ones split over ep.
 struct Accumulates {
-  bool replicated = false, experts = false;
+  bool replicated = false, experts = false, tpPartial = false;
 };
+
+bool splitOverEp(moe::ParamOp param) {
+  return llvm::any_of(param.getShardingOrReplicated().getDims(),
+                      [](StringAttr axis) { return axis.getValue() == "ep"; });
+}
 
 Accumulates accumulatedBy(moe::LayerOp layer) {
   Accumulates out;
   layer.getBody().walk([&](moe::ParamGradOp grad) {
     auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(grad, grad.getParamAttr());
-    bool split = param && !param.getShardingOrReplicated().isReplicated();
-    (split ? out.experts : out.replicated) = true;
+    if (param && splitOverEp(param))
+      out.experts = true;
+    else if (param && param->hasAttr(moe::kTpPartialGradAttr))
+      out.tpPartial = true;
+    else
+      out.replicated = true;
   });
   return out;
 }
@@ -79,11 +88,14 @@ struct SyncGradientsPass : impl::SyncGradientsPassBase<SyncGradientsPass> {
     // One bucket per layer (and kind of parameter), right after that layer's backward.
     OpBuilder b(model.getContext());
     bool replicatedOverRanks = mesh.dp * mesh.ep > 1, expertsOverRanks = mesh.dp > 1;
+    bool partialOverRanks = mesh.dp * mesh.ep * mesh.tp > 1;
     auto reduce = [&](Location loc, IntegerAttr layer, Accumulates what) {
       if (what.replicated && replicatedOverRanks)
-        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp+ep"), layer, UnitAttr());
+        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp+ep"), layer, UnitAttr(), UnitAttr());
       if (what.experts && expertsOverRanks)
-        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp"), layer, b.getUnitAttr());
+        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp"), layer, b.getUnitAttr(), UnitAttr());
+      if (what.tpPartial && partialOverRanks)
+        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp+ep+tp"), layer, UnitAttr(), b.getUnitAttr());
     };
     Accumulates modelLevel;
     for (Operation &op : llvm::make_early_inc_range(body)) {

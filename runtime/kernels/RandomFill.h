@@ -10,7 +10,9 @@
 // (for normal), `stream` (an integer per tensor: the seed mixed with a hash
 // of its name, computed by the host), `first_index` (0 unless the buffer is
 // part of the tensor: an expert-parallel rank's experts are elements
-// first_index.. of the whole tensor, so every mesh makes the same model).
+// first_index.. of the whole tensor, so every mesh makes the same model), and for
+// a window of columns (a tensor-parallel rank's part of a row-split projection)
+// `columns` of every row of `whole_columns`, from `first_column`.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,6 +61,15 @@ MOEC_HOST_DEVICE inline float value(int kind, double stddev, uint64_t stream, ui
     return static_cast<float>(stddev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
   }
   }
+}
+
+/// The index in the whole tensor of element i of a buffer: contiguous from `first`, or, with
+/// wholeColumns > 0, `columns` of each row of `wholeColumns` starting at `firstColumn`.
+MOEC_HOST_DEVICE inline uint64_t wholeIndex(uint64_t first, int64_t i, int64_t columns, int64_t wholeColumns,
+                                            int64_t firstColumn) {
+  if (wholeColumns <= 0)
+    return first + static_cast<uint64_t>(i);
+  return first + static_cast<uint64_t>((i / columns) * wholeColumns + firstColumn + i % columns);
 }
 
 } // namespace moec::runtime::random

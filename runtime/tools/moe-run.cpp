@@ -149,6 +149,18 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
     int64_t firstRow = binding.first_expert();
     if (binding.slice().dims_size() > 0)
       firstRow = binding.slice().dims(0).start();
+    // A tensor-parallel rank's columns of a row-split projection [rows, tp x columns] (the
+    // only window a plan gives that keeps every row: expert parallel splits rows).
+    const moec::plan::Slice &slice = binding.slice();
+    if (slice.dims_size() == 2 && binding.whole_shape_size() == 2 && binding.whole_shape(1) != buffer.shape(1)) {
+      attrs["whole_columns"].set_i(binding.whole_shape(1));
+      attrs["first_column"].set_i(slice.dims(1).start());
+      firstRow = 0;
+    } else if (slice.dims_size() > 2 && binding.whole_shape_size() > 2 &&
+               binding.whole_shape(binding.whole_shape_size() - 1) != buffer.shape(buffer.shape_size() - 1)) {
+      return absl::UnimplementedError(absl::StrCat("random weights for '", name,
+                                                   "': a window of columns of a tensor of rank > 2"));
+    }
     attrs["first_index"].set_i(firstRow * perRow);
     if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
       return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));

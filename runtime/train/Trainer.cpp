@@ -28,21 +28,38 @@ bool isForwardDispatch(const plan::Step &step) {
 Trainer::Trainer(Executor &executor) : executor(executor) {
   const plan::Plan &plan = executor.planProto();
   const plan::Rank &rank = executor.rankPlan();
-  // A pipeline: ranks run stage by stage (pp is the slowest mesh axis), each stage's ranks
-  // hold its layers' tensors, listed in the layout under the stage's first rank.
-  int pp = std::max(1, plan.mesh().pp()), world = std::max(1, plan.ranks_size());
-  int perStage = std::max(1, world / pp), stage = rank.rank() / perStage;
-  pipelined = pp > 1;
-  lastStage = stage == pp - 1;
-  stageLead = rank.rank() % perStage == 0;
+  // Ranks are numbered ep fastest, then dp, tp, pp. A pipeline stage's ranks hold its
+  // layers' tensors, a tp rank its part of the split ones; the layout lists each tensor (or
+  // part) under the first rank that holds it.
+  int ep = std::max(1, plan.mesh().ep()), dp = std::max(1, plan.mesh().dp());
+  int tp = std::max(1, plan.mesh().tp()), pp = std::max(1, plan.mesh().pp());
+  int world = std::max(1, plan.ranks_size()), perStage = std::max(1, world / pp);
+  auto stageOf = [&](int r) { return r / perStage; };
+  auto tpOf = [&](int r) { return (r / (ep * dp)) % tp; };
+  rankIndex = rank.rank();
+  int stage = stageOf(rankIndex);
+  gathering = pp > 1 || tp > 1;
+  countsLoads = tpOf(rankIndex) == 0;
+  countsTokens = stage == pp - 1 && countsLoads;
   microBatches = std::max<int64_t>(1, plan.micro_batches());
   for (const plan::LoraTensor &t : plan.lora().tensors()) {
     const plan::Buffer &param = plan.ranks(t.rank()).buffers(static_cast<int>(t.param()));
     Tensor each{t.peft_name(), t.param(), t.grad(), t.adam_m(), t.adam_v(),
                 std::vector<int64_t>(param.shape().begin(), param.shape().end()),
-                static_cast<size_t>(param.size_bytes() / plan::dtypeSize(param.dtype()))};
+                static_cast<size_t>(param.size_bytes() / plan::dtypeSize(param.dtype())), t.rank(), {}};
+    std::vector<int64_t> whole = each.shape;
+    for (int d = 0; d < t.slice().dims_size(); ++d) {
+      each.start.push_back(t.slice().dims(d).start());
+      whole[d] = std::max(whole[d], t.slice().dims(d).start() + t.slice().dims(d).size());
+    }
+    auto [known, added] = wholeShapes.try_emplace(t.peft_name(), whole);
+    if (added)
+      names.push_back(t.peft_name());
+    for (size_t d = 0; d < whole.size(); ++d)
+      known->second[d] = std::max(known->second[d], whole[d]);
     allTensors.push_back(each);
-    if (t.rank() / perStage == stage)
+    // A whole tensor: every rank of its stage holds it; a part: the ranks of its tp coordinate.
+    if (stageOf(t.rank()) == stage && (each.start.empty() || tpOf(t.rank()) == tpOf(rankIndex)))
       tensors.push_back(each);
   }
   // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read
@@ -94,6 +111,40 @@ Trainer::~Trainer() {
     executor.device().release(worldScratch);
 }
 
+std::vector<float> Trainer::partOf(const Tensor &t, const std::vector<float> &whole) const {
+  if (t.start.empty())
+    return whole;
+  const std::vector<int64_t> &full = wholeShapes.at(t.name);
+  std::vector<float> part(t.size);
+  std::vector<int64_t> at(t.shape.size(), 0); // index in the part, row-major
+  for (size_t i = 0; i < t.size; ++i) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < at.size(); ++d)
+      offset = offset * full[d] + t.start[d] + at[d];
+    part[i] = whole[static_cast<size_t>(offset)];
+    for (size_t d = at.size(); d-- > 0 && ++at[d] == t.shape[d];)
+      at[d] = 0;
+  }
+  return part;
+}
+
+void Trainer::placePart(const Tensor &t, const std::vector<float> &part, std::vector<float> &whole) const {
+  if (t.start.empty()) {
+    std::copy(part.begin(), part.end(), whole.begin());
+    return;
+  }
+  const std::vector<int64_t> &full = wholeShapes.at(t.name);
+  std::vector<int64_t> at(t.shape.size(), 0);
+  for (size_t i = 0; i < t.size; ++i) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < at.size(); ++d)
+      offset = offset * full[d] + t.start[d] + at[d];
+    whole[static_cast<size_t>(offset)] = part[i];
+    for (size_t d = at.size(); d-- > 0 && ++at[d] == t.shape[d];)
+      at[d] = 0;
+  }
+}
+
 int64_t Trainer::scoredTokens(const std::vector<int64_t> &labels) const {
   int64_t seq = executor.planProto().seq_len(), n = 0;
   for (size_t t = 0; t < labels.size(); ++t) {
@@ -122,15 +173,21 @@ absl::StatusOr<double> Trainer::sumOverRanks(double value, plan::DType dtype) {
 
 absl::Status Trainer::initAdapter(uint64_t seed) {
   for (Tensor &t : tensors) {
-    std::vector<float> values(t.size, 0.0f);
+    // The whole tensor's values (a tp rank takes its part), as one rank would make them.
+    const std::vector<int64_t> &whole = wholeShapes.at(t.name);
+    size_t count = 1;
+    for (int64_t dim : whole)
+      count *= static_cast<size_t>(dim);
+    std::vector<float> values(count, 0.0f);
     if (t.name.find(".lora_A.") != std::string::npos) {
       // One stream per tensor name, so adding a target leaves the others unchanged.
       std::mt19937_64 rng(seed ^ std::hash<std::string>{}(t.name));
-      float bound = 1.0f / std::sqrt(static_cast<float>(t.shape.back()));
+      float bound = 1.0f / std::sqrt(static_cast<float>(whole.back()));
       std::uniform_real_distribution<float> uniform(-bound, bound);
       for (float &value : values)
         value = uniform(rng);
     }
+    values = partOf(t, values);
     std::vector<float> zeros(t.size, 0.0f);
     for (auto [id, data] : {std::pair{t.param, &values}, {t.m, &zeros}, {t.v, &zeros}})
       if (absl::Status s = executor.writeFloats(id, *data); !s.ok())
@@ -144,12 +201,15 @@ absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>>
     auto it = values.find(t.name);
     if (it == values.end())
       return absl::NotFoundError(absl::StrCat("the adapter has no tensor '", t.name, "'"));
-    if (it->second.size() != t.size)
+    size_t whole = 1;
+    for (int64_t dim : wholeShapes.at(t.name))
+      whole *= static_cast<size_t>(dim);
+    if (it->second.size() != whole)
       return absl::InvalidArgumentError(absl::StrCat("adapter tensor '", t.name, "' has ", it->second.size(),
-                                                     " values, the plan expects ", t.size));
+                                                     " values, the plan expects ", whole));
   }
   for (Tensor &t : tensors)
-    if (absl::Status s = executor.writeFloats(t.param, values.at(t.name)); !s.ok())
+    if (absl::Status s = executor.writeFloats(t.param, partOf(t, values.at(t.name))); !s.ok())
       return s;
   return absl::OkStatus();
 }
@@ -162,22 +222,28 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::collect(uint3
       return values.status();
     out[t.name] = std::move(*values);
   }
-  if (!pipelined)
+  if (!gathering)
     return out;
-  // Every tensor of every stage, summed over ranks: only each stage's first rank adds its
-  // own (x + 0 + ... is exact), so every rank ends with all of them.
+  // Every tensor whole, summed over ranks: only the rank the layout names for a tensor (or a
+  // part) adds it (x + 0 + ... is exact), so every rank ends with all of them.
   if (!world)
-    return absl::FailedPreconditionError("a pipeline's adapter is spread over its stages; run every rank");
+    return absl::FailedPreconditionError("the adapter is spread over the plan's ranks; run every rank");
+  std::map<std::string, std::vector<float>> whole;
   size_t total = 0;
-  for (const Tensor &t : allTensors)
-    total += t.size;
-  std::vector<float> packed(total, 0.0f);
-  size_t at = 0;
-  for (const Tensor &t : allTensors) {
-    if (stageLead && out.count(t.name))
-      std::copy(out[t.name].begin(), out[t.name].end(), packed.begin() + static_cast<std::ptrdiff_t>(at));
-    at += t.size;
+  for (const std::string &name : names) {
+    size_t count = 1;
+    for (int64_t dim : wholeShapes.at(name))
+      count *= static_cast<size_t>(dim);
+    whole[name].assign(count, 0.0f);
+    total += count;
   }
+  for (const Tensor &t : tensors)
+    if (t.holder == rankIndex)
+      placePart(t, out.at(t.name), whole.at(t.name));
+  std::vector<float> packed;
+  packed.reserve(total);
+  for (const std::string &name : names)
+    packed.insert(packed.end(), whole[name].begin(), whole[name].end());
   absl::StatusOr<void *> device = executor.device().allocate(std::max<size_t>(total, 1) * sizeof(float));
   if (!device.ok())
     return device.status();
@@ -190,11 +256,12 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::collect(uint3
   if (!status.ok())
     return absl::Status(status.code(), absl::StrCat("gathering the adapter from the pipeline stages: ",
                                                     status.message()));
-  at = 0;
-  for (const Tensor &t : allTensors) {
-    out[t.name].assign(packed.begin() + static_cast<std::ptrdiff_t>(at),
-                       packed.begin() + static_cast<std::ptrdiff_t>(at + t.size));
-    at += t.size;
+  size_t at = 0;
+  for (const std::string &name : names) {
+    size_t count = whole[name].size();
+    out[name].assign(packed.begin() + static_cast<std::ptrdiff_t>(at),
+                     packed.begin() + static_cast<std::ptrdiff_t>(at + count));
+    at += count;
   }
   return out;
 }
@@ -204,10 +271,7 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::adapter() { r
 absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::gradients() { return collect(&Tensor::grad); }
 
 std::map<std::string, std::vector<int64_t>> Trainer::shapes() const {
-  std::map<std::string, std::vector<int64_t>> out;
-  for (const Tensor &t : allTensors)
-    out[t.name] = t.shape;
-  return out;
+  return wholeShapes;
 }
 
 absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
@@ -232,7 +296,7 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
       scored.push_back(scoredTokens({batch.labels.begin() + m * rows, batch.labels.begin() + (m + 1) * rows}));
       mine += scored.back();
     }
-    absl::StatusOr<double> all = sumOverRanks(lastStage ? static_cast<double>(mine) : 0.0, plan::I64);
+    absl::StatusOr<double> all = sumOverRanks(countsTokens ? static_cast<double>(mine) : 0.0, plan::I64);
     if (!all.ok())
       return absl::Status(all.status().code(), absl::StrCat("summing scored tokens over ranks: ",
                                                              all.status().message()));
@@ -260,6 +324,10 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
   // Tokens per expert from each forward dispatch, read once.
   lastLoad.clear();
   if (copies && countsTotal > 0) { // the same on every rank: the sum below is a collective
+    // tp ranks share their tokens: one of them counts them.
+    if (!countsLoads)
+      if (absl::Status s = executor.device().zero(copies, countsTotal * sizeof(int64_t)); !s.ok())
+        return s;
     std::vector<int64_t> all(countsTotal);
     // On several ranks, the load of the global batch: every rank's tokens per expert, summed.
     if (world && executor.planProto().ranks_size() > 1)
@@ -283,7 +351,7 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     weighted += weights[m] * (*losses)[m];
   lastLoss = static_cast<float>(weighted);
   if (executor.hasLossWeight()) {
-    absl::StatusOr<double> global = sumOverRanks(weighted, plan::F32);
+    absl::StatusOr<double> global = sumOverRanks(countsTokens ? weighted : 0.0, plan::F32);
     if (!global.ok())
       return absl::Status(global.status().code(), absl::StrCat("summing the loss over ranks: ",
                                                                 global.status().message()));
@@ -317,11 +385,20 @@ absl::StatusOr<StepStats> Trainer::optimizerStep() {
       sum += value;
     stats.gradNorm = std::sqrt(sum);
   }
-  // A pipeline: the norm is over every stage's tensors (each stage counted once).
-  if (pipelined) {
-    absl::StatusOr<double> all = sumOverRanks(stageLead ? stats.gradNorm * stats.gradNorm : 0.0, plan::F32);
+  // Tensors spread over ranks (pipeline stages, tp parts): each counted once, by its holder.
+  if (gathering) {
+    std::vector<float> perTensor(tensors.size());
+    if (!tensors.empty())
+      if (absl::Status s = executor.device().download(perTensor.data(), sums, perTensor.size() * sizeof(float));
+          !s.ok())
+        return s;
+    double held = 0;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i].holder == rankIndex)
+        held += perTensor[i];
+    absl::StatusOr<double> all = sumOverRanks(held, plan::F32);
     if (!all.ok())
-      return absl::Status(all.status().code(), absl::StrCat("summing the gradient norm over pipeline stages: ",
+      return absl::Status(all.status().code(), absl::StrCat("summing the gradient norm over ranks: ",
                                                              all.status().message()));
     stats.gradNorm = std::sqrt(*all);
   }
@@ -356,7 +433,7 @@ absl::StatusOr<StepStats> Trainer::trainStep(const Batch &batch) {
 absl::Status Trainer::saveCheckpoint(const std::string &path,
                                      const std::map<std::string, std::string> &extra) {
   bool writes = !world || world->rank() == 0;
-  if (!writes && !pipelined)
+  if (!writes && !gathering)
     return absl::OkStatus(); // every rank holds the same tensors; rank 0 writes them
   absl::StatusOr<std::map<std::string, std::vector<float>>> params = collect(&Tensor::param);
   if (!params.ok())
@@ -368,12 +445,12 @@ absl::Status Trainer::saveCheckpoint(const std::string &path,
   if (!writes)
     return absl::OkStatus();
   weights::SafetensorsWriter writer;
-  for (const Tensor &t : allTensors) {
-    std::pair<std::string, const std::vector<float> *> parts[] = {{t.name, &params->at(t.name)},
-                                                                  {t.name + ".adam_m", &moments[0]->at(t.name)},
-                                                                  {t.name + ".adam_v", &moments[1]->at(t.name)}};
+  for (const std::string &tensor : names) {
+    std::pair<std::string, const std::vector<float> *> parts[] = {{tensor, &params->at(tensor)},
+                                                                  {tensor + ".adam_m", &moments[0]->at(tensor)},
+                                                                  {tensor + ".adam_v", &moments[1]->at(tensor)}};
     for (auto &[name, values] : parts)
-      if (absl::Status s = writer.add(name, weights::DType::F32, t.shape, values->data(),
+      if (absl::Status s = writer.add(name, weights::DType::F32, wholeShapes.at(tensor), values->data(),
                                       values->size() * sizeof(float));
           !s.ok())
         return s;
@@ -403,26 +480,30 @@ absl::Status Trainer::loadCheckpoint(const std::string &path, std::map<std::stri
   if (step->second.empty() || *end != '\0' || stepCount < 0)
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": step metadata '", step->second, "' is not a non-negative integer"));
-  if ((*file)->tensors().size() != 3 * allTensors.size())
+  if ((*file)->tensors().size() != 3 * names.size())
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": holds ", (*file)->tensors().size(), " tensors, the plan's adapter needs ", 3 * allTensors.size(),
+        path, ": holds ", (*file)->tensors().size(), " tensors, the plan's adapter needs ", 3 * names.size(),
         " (parameters and two moments each); was the checkpoint written for another plan?"));
   // Check every tensor before changing anything: a failed resume leaves the trainer as it was.
   for (int pass = 0; pass < 2; ++pass)
     for (Tensor &t : tensors) {
       std::pair<std::string, uint32_t> parts[] = {{t.name, t.param}, {t.name + ".adam_m", t.m},
                                                   {t.name + ".adam_v", t.v}};
+      // The file holds whole tensors; a tp rank takes its part.
+      size_t count = 1;
+      for (int64_t dim : wholeShapes.at(t.name))
+        count *= static_cast<size_t>(dim);
       for (auto &[name, id] : parts) {
         const weights::TensorInfo *info = (*file)->find(name);
-        size_t bytes = t.size * sizeof(float);
+        size_t bytes = count * sizeof(float);
         if (!info || info->dtype != weights::DType::F32 || info->numBytes() != bytes)
           return absl::InvalidArgumentError(absl::StrCat(
-              path, ": tensor '", name, "' is missing or does not match the plan (f32, ", t.size,
+              path, ": tensor '", name, "' is missing or does not match the plan (f32, ", count,
               " values); was the checkpoint written for another plan?"));
         if (pass == 1) {
-          std::vector<float> values(t.size);
+          std::vector<float> values(count);
           std::memcpy(values.data(), (*file)->data(*info).data(), bytes);
-          if (absl::Status s = executor.writeFloats(id, values); !s.ok())
+          if (absl::Status s = executor.writeFloats(id, partOf(t, values)); !s.ok())
             return s;
         }
       }

@@ -57,8 +57,9 @@ public:
   absl::StatusOr<std::map<std::string, std::vector<float>>> gradients();
   /// Shapes of every adapter tensor of the plan, by PEFT name.
   std::map<std::string, std::vector<int64_t>> shapes() const;
-  /// Whether adapter(), gradients() and saveCheckpoint() are collectives (a pipeline plan).
-  bool gathers() const { return pipelined; }
+  /// Whether adapter(), gradients() and saveCheckpoint() are collectives (a pipeline or a
+  /// tensor-parallel plan: the ranks hold different tensors or parts of them).
+  bool gathers() const { return gathering; }
 
   /// The communicator over every rank of a sharded plan (not owned): each rank's loss
   /// weight needs the global count of scored tokens, and the loss is summed over ranks.
@@ -86,9 +87,14 @@ private:
   struct Tensor {
     std::string name;
     uint32_t param, grad, m, v; // plan buffers (f32)
-    std::vector<int64_t> shape;
+    std::vector<int64_t> shape; // of the buffers: the whole tensor, or a tp rank's part
     size_t size;
+    int holder = 0;             // the rank the layout names for it
+    std::vector<int64_t> start; // where the part starts in the whole tensor (empty: all of it)
   };
+  /// A tensor's part from its whole values (by its PEFT name), and the way back.
+  std::vector<float> partOf(const Tensor &t, const std::vector<float> &whole) const;
+  void placePart(const Tensor &t, const std::vector<float> &part, std::vector<float> &whole) const;
   /// Each forward dispatch's counts go to slot (layer, micro-batch) of a layout every rank
   /// shares, so that one sum over ranks gives the global load even when each pipeline stage
   /// has other layers.
@@ -111,7 +117,12 @@ private:
   int64_t ignoreIndex = -100;
   std::vector<Tensor> tensors;    // this rank's
   std::vector<Tensor> allTensors; // the plan's, buffers of their holding ranks
-  bool pipelined = false, lastStage = true, stageLead = true;
+  std::vector<std::string> names; // every tensor once, in layout order
+  std::map<std::string, std::vector<int64_t>> wholeShapes;
+  int rankIndex = 0;
+  /// gathering: ranks hold different tensors (pp) or parts (tp); countsTokens: this rank's
+  /// loss and token counts are its data shard's (a pipeline's last stage, tp coordinate 0).
+  bool gathering = false, countsTokens = true, countsLoads = true;
   int64_t microBatches = 1;
   size_t countsTotal = 0;
   std::map<int, std::pair<size_t, size_t>> loadSlots; // layer -> (offset, experts) in countsCopy

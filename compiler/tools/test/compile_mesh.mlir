@@ -1,7 +1,7 @@
 //===- compile_mesh.mlir - moec compile --mesh ----------------------------===//
 //
 // The golden qwen3_moe model (8 experts, top-2) on meshes: a plan with one
-// program per rank, and the simulated report for a mesh no plan supports yet.
+// program per rank (dp, ep; tp), and the simulated report for any mesh.
 //
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --lora-rank 4 \
 // RUN:   --seq-len 96 --micro-batch 1 --mesh dp=2,ep=2 --emit=plan-text | FileCheck %s
@@ -9,8 +9,8 @@
 // RUN:   --mesh dp=2,tp=2,pp=2,ep=2 --emit=report | FileCheck %s --check-prefix=REPORT
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
 // RUN:   --mesh dp=2,ep=2 --emit=report | FileCheck %s --check-prefix=PLANREPORT
-// RUN: not moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
-// RUN:   --mesh tp=2 -o %t.moeplan 2>&1 | FileCheck %s --check-prefix=TP
+// RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj,o_proj --lora-rank 4 --seq-len 96 \
+// RUN:   --mesh tp=2 --emit=plan-text | FileCheck %s --check-prefix=TP
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
 
@@ -51,6 +51,19 @@
 // PLANREPORT: expert_dispatch  ep     forward        2         49,152  rows to the ranks of their experts
 // PLANREPORT: expert_dispatch  ep     backward       2         49,152
 
-// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp, ep and pp are)
-// TP: moec: error: compiling {{.*}} failed
+// Tensor parallel: each rank binds its rows of q/k/v and its columns of o; the attention's
+// output is summed over tp (the forward's all-reduce; the backward's sums the input's
+// gradient), and the adapters' partial gradients are summed over tp once per layer.
+// TP: mesh dp=1 tp=2 pp=1 ep=1 world=2
+// TP: rank 0
+// TP: group 0 tp [0,1]
+// TP-NEXT: group 1 dp+ep+tp [0,1]
+// TP: bind {{.*}} "model.layers.0.self_attn.q_proj.weight" slice [0+32,0+64]
+// TP: bind {{.*}} "model.layers.0.self_attn.o_proj.weight" slice [0+64,0+32]
+// TP: fwd L0 s0 all_reduce g0 {{.*}} // "moe.tp_exit in @gqa_moe_fwd[0]"
+// TP: bwd L1 s0 all_reduce g0 {{.*}} // "moe.tp_exit in @gqa_moe_bwd[1]"
+// TP: bwd L1 s0 all_reduce g1 {{.*}} // "moe.all_reduce_grads"
+// TP: rank 1
+// TP: bind {{.*}} "model.layers.0.self_attn.q_proj.weight" slice [32+32,0+64]
+// TP: bind {{.*}} "model.layers.0.self_attn.o_proj.weight" slice [0+64,32+32]
 // TWICE: moec: error: --mesh 'ep=2,ep=4': axis ep is given twice

@@ -3,6 +3,8 @@
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2},moe-build-training-step))' | FileCheck %s --check-prefix=STEP
 // RUN: moe-opt %inputs/tiny.mlir --moe-lora-training='seq-len=8 mesh=dp=2,ep=2' | FileCheck %s --check-prefix=PIPELINE
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
+// RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=HEADS
+// RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=AFTER
@@ -41,7 +43,35 @@
 // PIPELINE: moe.all_to_all_dispatch
 // PIPELINE: moe.all_reduce_grads {axis = "dp+ep", layer = 1 : i64}
 
-// TP: error: --moe-propagate-sharding: mesh 'tp=2': tp > 1 is not supported yet (dp, ep and pp are)
+// TP: error: --moe-propagate-sharding: tp = 2 splits the heads of moe.attention (grouped-query attention), and this model has none (MLA, DSA and linear attention are not split over tp yet)
+
+// Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
+// heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the
+// output projection by columns (its output is a partial sum); the adapters follow (B of q by
+// rows, A of o by columns); the replicated A of q and B of o get partial gradients (each rank
+// sees its heads' share), summed over tp after the backward. The normed input enters the
+// region through moe.tp_enter (its gradient is summed over tp), the partial output leaves it
+// through moe.tp_exit (the all-reduce) before the residual add.
+// HEADS: moe.param @self_attn_q_proj {{.*}} : tensor<64x64xf32> sharding #moe.sharding<[tp, _]>
+// HEADS-NEXT: moe.param @self_attn_q_proj_lora_A {{.*}} trainable : tensor<4x64xf32> {moe.tp_partial_grad}
+// HEADS-NEXT: moe.param @self_attn_q_proj_lora_B {{.*}} trainable : tensor<64x4xf32> sharding #moe.sharding<[tp, _]>
+// HEADS-NEXT: moe.param @self_attn_k_proj {{.*}} : tensor<32x64xf32> sharding #moe.sharding<[tp, _]>
+// HEADS-NEXT: moe.param @self_attn_v_proj {{.*}} : tensor<32x64xf32> sharding #moe.sharding<[tp, _]>
+// HEADS: moe.param @self_attn_o_proj {{.*}} : tensor<64x64xf32> sharding #moe.sharding<[_, tp]>
+// HEADS-NEXT: moe.param @self_attn_o_proj_lora_A {{.*}} trainable : tensor<4x64xf32> sharding #moe.sharding<[_, tp]>
+// HEADS-NEXT: moe.param @self_attn_o_proj_lora_B {{.*}} trainable : tensor<64x4xf32> {moe.tp_partial_grad}
+// HEADS: %[[N:.*]] = moe.rms_norm %arg0
+// HEADS-NEXT: %[[IN:.*]] = moe.tp_enter %[[N]] {axis = "tp"} : tensor<?x64xf32>
+// HEADS: moe.linear %[[IN]], %{{.*}} : (tensor<?x64xf32>, tensor<32x64xf32>) -> tensor<?x32xf32>
+// HEADS: moe.attention {{.*}} {head_dim = 16 : i64, num_heads = 2 : i64, num_kv_heads = 1 : i64, {{.*}}} : (tensor<?x32xf32>, tensor<?x16xf32>, tensor<?x16xf32>) -> tensor<?x32xf32>
+// HEADS: %[[SUM:.*]] = moe.add
+// HEADS-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"} : tensor<?x64xf32>
+// HEADS-NEXT: moe.add %arg0, %[[OUT]]
+// The backward of tp_enter is the sum over tp (tp_exit on the gradient); the partial
+// gradients get their own bucket, over tp.
+// HEADS-STEP: moe.layer @gqa_moe_bwd
+// HEADS-STEP: moe.tp_exit %{{.*}} {axis = "tp"}
+// HEADS-STEP: moe.all_reduce_grads {axis = "dp+ep+tp", layer = 1 : i64, tp_partial}
 // UNEVEN: error: 'moe.expert_mlp' op has 4 experts, which do not split over ep = 3
 // BAD: error: --moe-propagate-sharding: mesh 'dp=x': size of dp must be a whole number >= 1, not 'x'
 // AFTER: error: --moe-propagate-sharding: runs before --moe-build-training-step (the step differentiates through the collectives); the model already has @train_step

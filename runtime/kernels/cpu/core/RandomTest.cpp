@@ -66,6 +66,19 @@ TEST(FillRandom, FirstIndexGivesAPartOfTheWholeTensor) {
   EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + 1200));
 }
 
+TEST(FillRandom, ColumnsGiveATensorParallelRanksPart) {
+  // Columns 4..7 of every row of a [3, 8] tensor (a tp rank's half of a row-split projection).
+  std::vector<float> whole = fill("normal", 24, 42);
+  KernelCall call(registry(), "fill_random");
+  call.output(plan::F32, {3, 4}).attr("kind", "normal").attr("stream", int64_t(42)).attr("std", 0.02);
+  call.attr("whole_columns", int64_t(8)).attr("first_column", int64_t(4));
+  call.run();
+  std::vector<float> part = call.result(0).floats();
+  for (int row = 0; row < 3; ++row)
+    for (int column = 0; column < 4; ++column)
+      EXPECT_EQ(part[row * 4 + column], whole[row * 8 + 4 + column]) << row << ", " << column;
+}
+
 TEST(FillRandom, RejectsUnknownKinds) {
   KernelCall call(registry(), "fill_random");
   call.output(plan::F32, {4}).attr("kind", "uniform").attr("stream", int64_t(1));

@@ -1,0 +1,262 @@
+//===- SplitHeads.cpp - attention heads over the tp axis ------------------===//
+//
+// The sharding rules, per op, of a split attention (value states: replicated, split along
+// the feature dimension by heads, or a partial sum over the tp ranks):
+//   linear(x replicated, W [out, in] split on out)  -> split
+//   lora(x replicated, A, B split on out)           -> split   (A's gradient: partial)
+//   rms_norm per head, rope, add of splits          -> split
+//   split into groups per head (query and gate)     -> split   (groups / tp)
+//   attention(q, k, v split)                        -> split   (heads / tp each)
+//   sigmoid_gate(x split, g split)                  -> split   (an output gate)
+//   linear(x split, W split on in)                  -> partial
+//   lora(x split, A split on in, B)                 -> partial (B's gradient: partial)
+//   add of partials                                 -> partial
+// A replicated value enters through moe.tp_enter (its gradient is summed over tp) and a
+// partial one leaves through moe.tp_exit (the sum over tp) where a replicated value is read.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/propagate_sharding/SplitHeads.h"
+
+#include "llvm/ADT/SetVector.h"
+#include "mlir/IR/Builders.h"
+
+namespace moec::passes {
+
+namespace {
+
+using namespace mlir;
+
+RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+/// What splitting one attention changes; collected before anything changes.
+struct HeadSplit {
+  moe::AttentionOp attention;
+  llvm::SetVector<Operation *> region;   // computing q, k, v from replicated values (retyped)
+  llvm::SetVector<Operation *> gates;    // after the attention, still split (retyped)
+  llvm::SetVector<Value> inputs;         // the replicated values the region's projections read
+  llvm::SmallVector<std::pair<moe::WeightOp, int>> splits; // weight reads split along a dim
+  llvm::SetVector<moe::WeightOp> partialGrads; // replicated weights read by split/partial work
+  llvm::SetVector<Value> partials;       // partial sums after the attention
+  llvm::SetVector<Value> exits;          // partial sums read where the sum is needed
+};
+
+class Analysis {
+public:
+  Analysis(moe::AttentionOp attention, int64_t ranks) : ranks(ranks) { plan.attention = attention; }
+
+  /// Empty when the attention splits; otherwise why not.
+  std::string run() {
+    moe::AttentionOp attention = plan.attention;
+    if (attention.getNumHeads() % ranks || attention.getNumKvHeads() % ranks)
+      return "its " + std::to_string(attention.getNumHeads()) + " heads and " +
+             std::to_string(attention.getNumKvHeads()) + " key/value heads do not split over tp = " +
+             std::to_string(ranks);
+    if (attention.getSinks())
+      return "it has attention sinks";
+    for (Value operand : {attention.getQuery(), attention.getKey(), attention.getValue()})
+      if (!intoRegion(operand))
+        return why;
+    // Out: output gates keep the heads split; the output projection and its adapter make
+    // partial sums; sums of them stay partial.
+    llvm::SetVector<Value> split;
+    split.insert(attention.getResult());
+    for (size_t i = 0; i < split.size(); ++i)
+      for (Operation *user : split[i].getUsers())
+        if (auto gate = dyn_cast<moe::SigmoidGateOp>(user)) {
+          Operation *from = gate.getGate().getDefiningOp();
+          if (!split.contains(gate.getInput()) || !from || !plan.region.contains(from))
+            return "an output gate does not gate the attention with its own heads' values";
+          plan.gates.insert(gate);
+          split.insert(gate.getResult());
+        }
+    for (Operation *op : plan.region)
+      for (Operation *user : op->getUsers())
+        if (!plan.region.contains(user) && !plan.gates.contains(user) && user != attention.getOperation())
+          return "its q/k/v path (" + op->getName().getStringRef().str() + ") is also read by " +
+                 user->getName().getStringRef().str();
+    for (Value value : split)
+      for (Operation *user : value.getUsers()) {
+        if (plan.gates.contains(user))
+          continue;
+      if (auto linear = dyn_cast<moe::LinearOp>(user)) {
+        if (linear.getBias())
+          return "its output projection has a bias";
+        if (!addWeight(linear.getWeight(), 1))
+          return why;
+        plan.partials.insert(linear.getResult());
+      } else if (auto lora = dyn_cast<moe::LoRAOp>(user)) {
+        if (!addWeight(lora.getLoraA(), 1) || !addPartialGrad(lora.getLoraB()))
+          return why;
+        plan.partials.insert(lora.getResult());
+      } else {
+        return "its output goes to " + user->getName().getStringRef().str() + ", not an output projection";
+      }
+      }
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (Value partial : llvm::SmallVector<Value>(plan.partials.begin(), plan.partials.end()))
+        for (Operation *user : partial.getUsers())
+          if (auto add = dyn_cast<moe::AddOp>(user))
+            if (plan.partials.contains(add.getLhs()) && plan.partials.contains(add.getRhs()))
+              grew |= plan.partials.insert(add.getResult());
+    }
+    for (Value partial : plan.partials)
+      for (Operation *user : partial.getUsers())
+        if (!(isa<moe::AddOp>(user) && plan.partials.contains(user->getResult(0))))
+          plan.exits.insert(partial);
+    return "";
+  }
+
+  HeadSplit plan;
+
+private:
+  bool fail(std::string reason) {
+    why = std::move(reason);
+    return false;
+  }
+
+  bool addWeight(Value read, int dim) {
+    auto weight = read.getDefiningOp<moe::WeightOp>();
+    if (!weight)
+      return fail("a projection reads a weight that is not a moe.weight");
+    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+    if (!param || (param.getShardingAttr() && !param.getShardingAttr().isReplicated()))
+      return fail("a projection's weight is split already");
+    if (param.getTensorType().getDimSize(dim) % ranks)
+      return fail("a projection's weight does not split over tp");
+    plan.splits.push_back({weight, dim});
+    return true;
+  }
+
+  bool addPartialGrad(Value read) {
+    auto weight = read.getDefiningOp<moe::WeightOp>();
+    if (!weight)
+      return fail("an adapter reads a weight that is not a moe.weight");
+    plan.partialGrads.insert(weight);
+    return true;
+  }
+
+  /// Traces a split value back to the projections of replicated values.
+  bool intoRegion(Value v) {
+    Operation *def = v.getDefiningOp();
+    if (!def)
+      return fail("its q/k/v come straight from a layer argument");
+    if (plan.region.contains(def))
+      return true;
+    if (tensorType(v).getRank() != 2 || tensorType(v).getDimSize(1) % ranks)
+      return fail("a q/k/v value is not [tokens, heads x head_dim]");
+    if (auto rope = dyn_cast<moe::RopeOp>(def)) {
+      if (!intoRegion(rope.getInput()))
+        return false;
+    } else if (auto norm = dyn_cast<moe::RMSNormOp>(def)) {
+      if (tensorType(norm.getWeight()).getDimSize(0) == tensorType(norm.getInput()).getDimSize(1))
+        return fail("an rms_norm normalises all heads together");
+      if (!intoRegion(norm.getInput()) || !addPartialGrad(norm.getWeight()))
+        return false;
+    } else if (auto add = dyn_cast<moe::AddOp>(def)) {
+      if (!intoRegion(add.getLhs()) || !intoRegion(add.getRhs()))
+        return false;
+    } else if (auto parts = dyn_cast<moe::SplitOp>(def)) {
+      if (parts.getGroups() % ranks)
+        return fail("a projection splits into " + std::to_string(parts.getGroups()) +
+                    " groups, which do not split over tp");
+      if (!intoRegion(parts.getInput()))
+        return false;
+    } else if (auto linear = dyn_cast<moe::LinearOp>(def)) {
+      if (linear.getBias())
+        return fail("a q/k/v projection has a bias");
+      if (!addWeight(linear.getWeight(), 0))
+        return false;
+      plan.inputs.insert(linear.getInput());
+    } else if (auto lora = dyn_cast<moe::LoRAOp>(def)) {
+      if (!addWeight(lora.getLoraB(), 0) || !addPartialGrad(lora.getLoraA()))
+        return false;
+      plan.inputs.insert(lora.getInput());
+    } else {
+      return fail("its q/k/v come from " + def->getName().getStringRef().str() +
+                  ", which has no tensor-parallel rule");
+    }
+    plan.region.insert(def);
+    return true;
+  }
+
+  int64_t ranks;
+  std::string why;
+};
+
+RankedTensorType splitFeatures(Type type, int64_t ranks) {
+  auto tensor = cast<RankedTensorType>(type);
+  SmallVector<int64_t> shape(tensor.getShape());
+  shape[1] /= ranks;
+  return RankedTensorType::get(shape, tensor.getElementType());
+}
+
+void apply(HeadSplit &plan, int64_t ranks) {
+  MLIRContext *context = plan.attention.getContext();
+  OpBuilder b(context);
+  StringAttr tp = b.getStringAttr("tp");
+  for (auto [weight, dim] : plan.splits) {
+    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+    SmallVector<StringAttr> dims(param.getTensorType().getRank(), b.getStringAttr(""));
+    dims[dim] = tp;
+    param.setShardingAttr(moe::ShardingAttr::get(context, dims));
+    weight.getResult().setType(param.getLocalType());
+  }
+  for (moe::WeightOp weight : plan.partialGrads) {
+    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+    if (param.getTrainable())
+      param->setAttr(moe::kTpPartialGradAttr, b.getUnitAttr());
+  }
+  for (Operation *op : plan.region) { // inputs before users: the walk inserted them in that order
+    for (Value result : op->getResults())
+      result.setType(splitFeatures(result.getType(), ranks));
+    if (auto parts = dyn_cast<moe::SplitOp>(op))
+      parts.setGroups(parts.getGroups() / ranks);
+  }
+  for (Operation *gate : plan.gates)
+    gate->getResult(0).setType(splitFeatures(gate->getResult(0).getType(), ranks));
+  moe::AttentionOp attention = plan.attention;
+  attention.setNumHeads(attention.getNumHeads() / ranks);
+  attention.setNumKvHeads(attention.getNumKvHeads() / ranks);
+  attention.getResult().setType(splitFeatures(attention.getType(), ranks));
+  for (Value input : plan.inputs) {
+    if (Operation *def = input.getDefiningOp())
+      b.setInsertionPointAfter(def);
+    else
+      b.setInsertionPointToStart(cast<BlockArgument>(input).getOwner());
+    auto enter = b.create<moe::TpEnterOp>(input.getLoc(), input, tp);
+    input.replaceUsesWithIf(enter.getResult(), [&](OpOperand &use) { return plan.region.contains(use.getOwner()); });
+  }
+  for (Value partial : plan.exits) {
+    b.setInsertionPointAfterValue(partial);
+    auto exit = b.create<moe::TpExitOp>(partial.getLoc(), partial, tp);
+    partial.replaceUsesWithIf(exit.getResult(), [&](OpOperand &use) {
+      Operation *user = use.getOwner();
+      return user != exit.getOperation() && !(isa<moe::AddOp>(user) && plan.partials.contains(user->getResult(0)));
+    });
+  }
+}
+
+} // namespace
+
+FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {
+  HeadSplitReport report;
+  SmallVector<moe::AttentionOp> attentions;
+  model.walk([&](moe::AttentionOp op) { attentions.push_back(op); });
+  for (moe::AttentionOp attention : attentions) {
+    auto layer = attention->getParentOfType<moe::LayerOp>();
+    std::string name = layer ? layer.getSymName().str() : "the model";
+    Analysis analysis(attention, ranks);
+    std::string why = analysis.run();
+    if (!why.empty()) {
+      report.kept.push_back({name, why});
+      continue;
+    }
+    apply(analysis.plan, ranks);
+    report.split.push_back(name);
+  }
+  return report;
+}
+
+} // namespace moec::passes
