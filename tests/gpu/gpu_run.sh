@@ -7,10 +7,11 @@
 #   tests/gpu/gpu_run.sh bench  on the GPU machine: the kernel micro-benchmarks (*_bench) and
 #                               the table of bench/bench.sh (KERNELS_ONLY=1: the former only)
 #   tests/gpu/gpu_run.sh mesh   on a machine with 2 GPUs: the NCCL and expert MLP tests, every
-#                               golden family on dp=2, ep=2 and pp=2 (a GPU per rank) against one
-#                               GPU (moe-mesh-check, f32 and bf16), and Qwen3-30B-A3B (48 layers,
-#                               4096 tokens per GPU) on one GPU, dp=2, ep=2, pp=2: tokens/s per GPU
-#                               and exposed communication (moe-run bench --nproc 2)
+#                               golden family on dp=2, ep=2, pp=2 and tp=2 (a GPU per rank) against
+#                               one GPU (moe-mesh-check, f32 and bf16), and Qwen3-30B-A3B (48 layers,
+#                               4096 tokens per GPU) on one GPU, dp, ep, pp, tp=2: tokens/s per GPU
+#                               and exposed communication (moe-run bench --nproc 2); MESHES and
+#                               SCALE_MESHES (e.g. "tp=2", "single tp=2") run fewer
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16, and 6 training steps of Qwen3-30B-A3B (48 and 4
@@ -20,6 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 pack=.gpu
 families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen3_next)
+# The families whose attention tp splits (grouped-query attention); the others have MLA or DSA.
+splits_heads() { case "$1" in mixtral | nemotron_h | qwen3_moe | qwen3_next) return 0 ;; *) return 1 ;; esac; }
 
 if [ "${1:-}" = pack ]; then
   golden="${GOLDEN:-../shared/golden}"
@@ -65,7 +68,8 @@ if [ "${1:-}" = pack ]; then
   # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2 pp=2; do
+      for mesh in dp=2 ep=2 pp=2 tp=2; do
+        [ "$mesh" = tp=2 ] && ! splits_heads "$f" && continue
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
           --seq-len 96 --micro-batch 1 --pipeline-micro-batches 4 --lr 1e-3 --warmup-steps 0 --schedule constant \
           --max-grad-norm 0 --weight-decay 0 --dtype "$dtype" --mesh "$mesh" \
@@ -76,7 +80,7 @@ if [ "${1:-}" = pack ]; then
         --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.batch4.moeplan" 2>/dev/null
     done
   done
-  for mesh in "" dp=2 ep=2 pp=2; do
+  for mesh in "" dp=2 ep=2 pp=2 tp=2; do
     "$bin/compiler/tools/moec" compile models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+--mesh $mesh} \
       --pipeline-micro-batches 4 -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
@@ -124,7 +128,8 @@ if [ "$1" = mesh ]; then
   : >"$out/mesh_check.log"
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2 pp=2; do
+      for mesh in ${MESHES:-dp=2 ep=2 pp=2 tp=2}; do
+        [ "$mesh" = tp=2 ] && ! splits_heads "$f" && continue
         single="$pack/plans/$f.$dtype.fused.moeplan"; [ "$mesh" = pp=2 ] && single="$pack/plans/$f.$dtype.batch4.moeplan"
         if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "$mesh" \
           --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
@@ -136,7 +141,7 @@ if [ "$1" = mesh ]; then
   done
   rm -f "$out/one.log"
   : >"$out/scale.log"
-  for mesh in single dp=2 ep=2 pp=2; do
+  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 pp=2 tp=2}; do
     nproc=2; [ "$mesh" = single ] && nproc=1
     { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh (pp: 4 micro-batches of 4096 per step)"
       "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
