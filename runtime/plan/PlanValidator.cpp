@@ -236,6 +236,16 @@ void checkLora(const Plan &plan, Problems &problems) {
                      shapeToString(param->shape()));
       }
     }
+    // A part of a tensor split over tp: a window of the param's size in every dimension.
+    if (param && tensor.has_slice()) {
+      const Slice &slice = tensor.slice();
+      bool fits = slice.dims_size() == param->shape_size();
+      for (int d = 0; fits && d < slice.dims_size(); ++d)
+        fits = slice.dims(d).start() >= 0 && slice.dims(d).size() == param->shape(d);
+      if (!fits)
+        problems.add(where, ": slice has ", slice.dims_size(), " dims, expected the window of the param ",
+                     shapeToString(param->shape()), " (start >= 0, its size in every dimension)");
+    }
   }
 }
 

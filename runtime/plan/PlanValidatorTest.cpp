@@ -451,6 +451,17 @@ TEST_F(PlanValidatorTest, RejectsLoraTensorWithMismatchedShapes) {
                                          "expected the param's shape [4,64]"));
 }
 
+TEST_F(PlanValidatorTest, AcceptsATensorParallelPartAndRejectsAWindowOfAnotherSize) {
+  Slice *slice = plan.mutable_lora()->mutable_tensors(0)->mutable_slice(); // lora_A [4, 64]
+  for (int64_t size : {4, 64})
+    slice->add_dims()->set_size(size);
+  slice->mutable_dims(1)->set_start(64); // the second half of a [4, 128] tensor
+  EXPECT_EQ(messageOf(plan), "OK");
+  slice->mutable_dims(1)->set_size(32);
+  EXPECT_THAT(messageOf(plan), HasSubstr("lora_A.weight\": slice has 2 dims, expected the window of the param "
+                                         "[4,64] (start >= 0, its size in every dimension)"));
+}
+
 TEST_F(PlanValidatorTest, RejectsLoraTensorOnAMissingRankOrBuffer) {
   plan.mutable_lora()->mutable_tensors(0)->set_rank(2);
   plan.mutable_lora()->mutable_tensors(1)->set_param(77);
