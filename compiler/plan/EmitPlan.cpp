@@ -204,10 +204,10 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
   for (auto [s, each] : llvm::enumerate(programs))
     stageRanks.push_back(rankOf(each, groupKeys[s]));
 
-  // Ranks of one pipeline stage run the same program (dp, ep); what differs: which experts
-  // its split parameters bind, and its groups: the ranks that agree with it on every axis
-  // outside the group's (a pipeline exchange: the two ranks of its stages that agree on
-  // every other axis).
+  // Ranks of one pipeline stage run the same program (dp, tp, ep); what differs: the windows
+  // of tensors split over tp or ep they bind, and their groups: the ranks that agree with
+  // them on every axis outside the group's (a pipeline exchange: the two ranks of its stages
+  // that agree on every other axis).
   for (int64_t r = 0; r < shape.size(); ++r) {
     int64_t stage = shape.coordinate(r, "pp");
     const Program &mine = programs[stage];

@@ -138,7 +138,7 @@ int runCompile(int argc, char **argv) {
                                           "until the plan fits"));
   cl::opt<std::string> meshText(
       "mesh", cl::value_desc("dp=N,tp=N,pp=N,ep=N"),
-      cl::desc("Device mesh: the plan holds one program per rank (dp, ep and pp so far; --micro-batch "
+      cl::desc("Device mesh: the plan holds one program per rank (dp, tp, pp, ep; --micro-batch "
                "is per rank); --emit=report lists its collectives, and for a mesh with tp or pp "
                "estimates per-GPU memory and communication by simulation"));
   cl::opt<int64_t> pipelineMicroBatches(

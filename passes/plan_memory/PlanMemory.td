@@ -8,7 +8,8 @@ include "mlir/Pass/PassBase.td"
 def PlanMemoryPass : Pass<"moe-plan-memory", "::moec::moe::ModelOp"> {
   let summary = "Plans the training step's memory: liveness, arena offsets, peak per role.";
   let description = [{
-    Flattens `@train_step` for `seq-len x micro-batch` tokens (every layer
+    Flattens `@train_step` (on a pipeline each stage's `@train_step_stage<s>`,
+    recording the largest stage's plan) for `seq-len x micro-batch` tokens (every layer
     instance, every value a buffer with a concrete shape and a live range
     over the ordered kernel launches), assigns arena offsets per role and
     records the arena sizes in the model's `memory_plan` attribute:

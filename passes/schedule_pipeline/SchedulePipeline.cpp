@@ -147,6 +147,26 @@ private:
         *slot = operand;
       }
     }
+    // A weight is copied into every stage that reads it; a trainable one on two stages would
+    // have two gradients that nothing sums (and two copies the export would add up).
+    std::map<Operation *, int> trainableOn;
+    for (Operation &each : step.getBody().front().without_terminator()) {
+      const Placement &where = placed.at(&each);
+      if (where.everyStage)
+        continue;
+      for (Value operand : each.getOperands()) {
+        auto weight = operand.getDefiningOp<moe::WeightOp>();
+        auto param = weight ? SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
+                            : moe::ParamOp();
+        if (!param || !param.getTrainable())
+          continue;
+        auto [it, added] = trainableOn.try_emplace(param, where.stage);
+        if (!added && it->second != where.stage)
+          return each.emitOpError("reads the trainable parameter '")
+                 << param.getSymName() << "' on pipeline stage " << where.stage << " and stage " << it->second
+                 << "; --moe-schedule-pipeline cannot split it (its gradient would be summed nowhere)";
+      }
+    }
     for (int s = 1; s < pp; ++s)
       if (!boundaries[s].forward)
         return step.emitOpError("stage ") << s << " reads nothing from stage " << s - 1

@@ -22,9 +22,11 @@ def SchedulePipelinePass : Pass<"moe-schedule-pipeline", "::moec::moe::ModelOp">
     forwards to fill the pipeline, then one forward and one backward in
     turn, then the remaining backwards, so a stage holds the activations of
     at most `pp - s` micro-batches. `moe.stage_exchange` carries the hidden
-    state forward and its gradient back; a send that is followed directly by
-    a receive from the same stage is one exchange, so neighbouring stages
-    never both wait to send. Gradients accumulate over micro-batches; each
+    state forward and its gradient back. Both sides of a boundary issue its
+    transfers in the same order; where their orders swap two neighbouring
+    transfers (a stage sends the next activation while its neighbour sends
+    a gradient back), the two are one exchange, so neighbouring stages never
+    both wait to send. Gradients accumulate over micro-batches; each
     layer's `moe.all_reduce_grads` runs once, after its last backward.
 
     The model gets `pipeline = {stages, micro_batches}`.

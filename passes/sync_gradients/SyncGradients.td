@@ -21,7 +21,10 @@ def SyncGradientsPass : Pass<"moe-sync-gradients", "::moec::moe::ModelOp"> {
     layer's backward, `moe.all_reduce_grads` sums that layer's gradients
     over the ranks that computed the same parameters on other tokens:
     `dp+ep` for replicated parameters, `dp` (with `experts`) for parameters
-    split over `ep` (each expert-parallel rank owns its experts). One bucket
+    split over `ep` (each expert-parallel rank owns its experts), and
+    `dp+ep+tp` (with `tp_partial`) for replicated parameters read inside a
+    tensor-parallel attention (`moe.tp_partial_grad`: each tp rank has its
+    heads' share of the gradient). One bucket
     per layer, so the runtime may overlap it with the next layer's backward;
     when model-level parameters are trainable, one more with `layer = -1`
     after the backward covers them. A bucket over an axis of size 1 is left

@@ -444,6 +444,10 @@ absl::Status Executor::collective(const plan::Collective &collective) {
       out = buffer(collective.outputs(0));
       recvs.push_back({peer, 0, static_cast<size_t>(out.numel())});
     }
+    if (!sends.empty() && !recvs.empty() && in.dtype != out.dtype)
+      return absl::InvalidArgumentError(absl::StrCat("pipeline exchange: sends ", plan::dtypeName(in.dtype),
+                                                     " but receives ", plan::dtypeName(out.dtype),
+                                                     "; one exchange moves one dtype"));
     plan::DType dtype = sends.empty() ? out.dtype : in.dtype;
     if (absl::Status s = comm.exchange(in.data, sends, out.data, recvs, dtype); !s.ok())
       return absl::Status(s.code(), absl::StrCat("pipeline exchange with rank ",

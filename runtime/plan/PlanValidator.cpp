@@ -782,6 +782,34 @@ private:
   std::vector<bool> written; // by a launch so far, in step order
 };
 
+// The i-th send_recv of two ranks on their group: what one sends, the other receives (the
+// same bytes and dtype), both ways.
+void checkPointToPoint(const Plan &plan, const std::string &name, int a,
+                       const std::vector<std::pair<int, int>> &atA, int b,
+                       const std::vector<std::pair<int, int>> &atB, Problems &problems) {
+  for (size_t i = 0; i < atA.size(); ++i) {
+    if (atA[i].first != Collective::SEND_RECV)
+      continue;
+    const Collective &x = plan.ranks(a).steps(atA[i].second).collective();
+    const Collective &y = plan.ranks(b).steps(atB[i].second).collective();
+    auto describe = [&](int rank, const Collective &c, bool sent) -> std::string {
+      const auto &ids = sent ? c.inputs() : c.outputs();
+      if (ids.empty() || ids[0] >= static_cast<uint32_t>(plan.ranks(rank).buffers_size()))
+        return "nothing";
+      const Buffer &buffer = plan.ranks(rank).buffers(static_cast<int>(ids[0]));
+      return absl::StrCat(buffer.size_bytes(), " bytes of ", dtypeName(static_cast<DType>(buffer.dtype())));
+    };
+    for (auto [from, fromC, to, toC] : {std::tuple{a, &x, b, &y}, std::tuple{b, &y, a, &x}}) {
+      std::string sent = describe(from, *fromC, true), received = describe(to, *toC, false);
+      if (sent != received)
+        problems.add("group ", name, ": send_recv #", i, ": rank ", from, " (step ",
+                     from == a ? atA[i].second : atB[i].second, ") sends ", sent, " but rank ", to, " (step ",
+                     to == a ? atA[i].second : atB[i].second, ") receives ", received,
+                     ", expected what one sends to be what the other receives");
+    }
+  }
+}
+
 // Every member of a communicator must declare it identically and issue the
 // same collectives on it in the same order; otherwise NCCL hangs.
 void checkGroupsAcrossRanks(const Plan &plan, const std::vector<RankSummary> &summaries, Problems &problems) {
@@ -824,6 +852,8 @@ void checkGroupsAcrossRanks(const Plan &plan, const std::vector<RankSummary> &su
         problems.add("group ", name, ": rank ", r, " issues ", sequence.size(), " collectives on it but rank ",
                      refRank, " issues ", reference.size(),
                      ", expected every member to issue the same collectives in the same order");
+      } else {
+        checkPointToPoint(plan, name, refRank, reference, r, sequence, problems);
       }
     }
   }

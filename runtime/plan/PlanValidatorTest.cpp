@@ -348,6 +348,14 @@ TEST_F(PlanValidatorTest, AcceptsAPipelineExchangeThatSendsReceivesOrBoth) {
   EXPECT_EQ(messageOf(plan), "OK"); // rank 0 only sends, rank 1 only receives
 }
 
+TEST_F(PlanValidatorTest, RejectsAPipelineExchangeWhoseSendNobodyReceives) {
+  for (Rank &rank : *plan.mutable_ranks())
+    rank.mutable_steps(4)->mutable_collective()->set_kind(Collective::SEND_RECV);
+  plan.mutable_ranks(1)->mutable_steps(4)->mutable_collective()->clear_outputs();
+  EXPECT_THAT(messageOf(plan), HasSubstr("send_recv #0: rank 0 (step 4) sends 16384 bytes of bf16 but rank 1 (step 4) "
+                                         "receives nothing, expected what one sends to be what the other receives"));
+}
+
 TEST_F(PlanValidatorTest, RejectsAPipelineExchangeThatMovesNothing) {
   for (Rank &rank : *plan.mutable_ranks()) {
     Collective *c = rank.mutable_steps(4)->mutable_collective();

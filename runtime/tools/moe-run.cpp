@@ -645,7 +645,9 @@ int runBench(Args &args, const RankSetup &setup) {
   int64_t vocab = vocabularySize(session.plan),
           tokens = session.plan.seq_len() * session.plan.micro_batch() *
                    std::max<int64_t>(1, session.plan.micro_batches()); // a pipeline: all its micro-batches
-  std::mt19937_64 rng(static_cast<uint64_t>(seed) + static_cast<uint64_t>(setup.rank)); // each rank its own tokens
+  // Each data shard its own tokens (tp ranks and pipeline stages share theirs).
+  int64_t shards = dataShards(session.plan);
+  std::mt19937_64 rng(static_cast<uint64_t>(seed) + static_cast<uint64_t>(setup.rank % shards));
   Batch batch;
   for (int64_t t = 0; t < tokens; ++t) {
     batch.ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(vocab, 1))));
@@ -697,12 +699,15 @@ int runBench(Args &args, const RankSetup &setup) {
     std::snprintf(memory, sizeof memory, ", device memory %.1f GiB", *used / double(1ull << 30));
   std::string ranks = setup.world > 1 ? absl::StrCat(" (rank 0 of ", setup.world, ")") : "";
   const char *perRank = setup.world > 1 ? " per rank" : "";
+  // Per GPU: the mesh's tokens per step (one set per data shard) over its GPUs; with tp or pp
+  // several GPUs share a shard's tokens.
+  double perGpu = static_cast<double>(tokens) * shards / std::max(setup.world, 1) / median;
   std::printf("%s on %s%s: %lld tokens per step%s, median step %.1f ms over %lld steps (after %lld "
               "warm-up), %.0f tokens/s%s, %.3g TFLOP/s of the plan's %.3g TFLOP per step%s%s\n",
               session.plan.model().c_str(), session.device->name().c_str(), ranks.c_str(),
               static_cast<long long>(tokens), perRank, median * 1e3, static_cast<long long>(steps),
-              static_cast<long long>(warmup), tokens / median, perRank, flops / median / 1e12, flops / 1e12,
-              memory, comm.c_str());
+              static_cast<long long>(warmup), perGpu, setup.world > 1 ? " per GPU" : "", flops / median / 1e12,
+              flops / 1e12, memory, comm.c_str());
   return 0;
 }
 

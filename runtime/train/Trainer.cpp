@@ -64,14 +64,24 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   }
   // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read
   // once after the step: one slot per (MoE layer of any stage, micro-batch).
-  for (int r = 0; r < world; r += perStage)
+  // A slot per forward dispatch of a layer in a step (one per micro-batch), in every stage.
+  std::map<int, size_t> dispatches;
+  for (int r = 0; r < world; r += perStage) {
+    std::map<int, size_t> here;
     for (const plan::Step &step : plan.ranks(r).steps())
-      if (isForwardDispatch(step) && !loadSlots.count(step.layer())) {
+      if (isForwardDispatch(step)) {
+        ++here[step.layer()];
         const plan::Buffer &counts = plan.ranks(r).buffers(static_cast<int>(step.launch().outputs(1)));
-        size_t n = static_cast<size_t>(counts.size_bytes() / sizeof(int64_t));
-        loadSlots[step.layer()] = {countsTotal, n};
-        countsTotal += n * microBatches;
+        loadSlots.try_emplace(step.layer(), 0, static_cast<size_t>(counts.size_bytes() / sizeof(int64_t)));
       }
+    for (auto [layer, count] : here)
+      dispatches[layer] = std::max(dispatches[layer], count);
+  }
+  for (auto &[layer, slot] : loadSlots) {
+    slot.first = countsTotal;
+    countsTotal += slot.second * dispatches[layer];
+  }
+  loadDispatches = dispatches;
   std::map<int, size_t> seen; // forward dispatches of a layer so far: its micro-batch
   for (int s = 0; s < rank.steps_size(); ++s) {
     const plan::Step &step = rank.steps(s);
@@ -338,7 +348,7 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     for (const auto &[layer, slot] : loadSlots) {
       std::vector<int64_t> &load = lastLoad[layer];
       load.assign(slot.second, 0);
-      for (int64_t m = 0; m < microBatches; ++m)
+      for (size_t m = 0; m < loadDispatches[layer]; ++m)
         for (size_t e = 0; e < slot.second; ++e)
           load[e] += all[slot.first + m * slot.second + e];
     }

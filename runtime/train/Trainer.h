@@ -126,6 +126,7 @@ private:
   int64_t microBatches = 1;
   size_t countsTotal = 0;
   std::map<int, std::pair<size_t, size_t>> loadSlots; // layer -> (offset, experts) in countsCopy
+  std::map<int, size_t> loadDispatches;                // layer -> forward dispatches per step
   void *sums = nullptr;       // device: one f32 sum of squares per tensor
   void *countsCopy = nullptr; // device: every MoE layer's counts of this step
   void *worldScratch = nullptr; // device: one value summed over ranks
