@@ -217,9 +217,13 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
     for (plan::WeightBinding &binding : *each->mutable_weights()) {
       const ProgramBuffer &buffer = mine.buffers[binding.buffer()];
       if (buffer.tpDim >= 0) {
-        *binding.mutable_slice() = tpSlice(buffer, shape.coordinate(r, "tp"));
-        for (auto [d, size] : llvm::enumerate(buffer.shape))
-          binding.add_whole_shape(static_cast<int>(d) == buffer.tpDim ? size * shape.tp : size);
+        // One checkpoint tensor per expert ("{expert}" names): the window within each.
+        int first = StringRef(buffer.tensor).contains("{expert}") ? 1 : 0;
+        plan::Slice slice = tpSlice(buffer, shape.coordinate(r, "tp"));
+        for (int d = first; d < slice.dims_size(); ++d) {
+          *binding.mutable_slice()->add_dims() = slice.dims(d);
+          binding.add_whole_shape(d == buffer.tpDim ? buffer.shape[d] * shape.tp : buffer.shape[d]);
+        }
         continue;
       }
       if (!buffer.expertSplit)

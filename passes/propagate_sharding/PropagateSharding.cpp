@@ -3,7 +3,7 @@
 #include "passes/propagate_sharding/PropagateSharding.h"
 
 #include "dialects/moe/MeshShape.h"
-#include "passes/propagate_sharding/SplitHeads.h"
+#include "passes/propagate_sharding/TensorParallel.h"
 #include "mlir/IR/Builders.h"
 
 #define DEBUG_TYPE "moe-propagate-sharding"
@@ -47,25 +47,26 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       return signalPassFailure();
   }
 
-  /// Tensor parallel: every attention whose projections can be traced splits its heads; the
-  /// rest of the model stays replicated (each tp rank computes it), with a warning naming
-  /// what and why.
+  /// Tensor parallel: every attention whose projections can be traced splits its heads, every
+  /// expert MLP not split over ep its intermediate features; the rest of the model stays
+  /// replicated (each tp rank computes it), with a warning naming what and why.
   LogicalResult splitHeads(moe::ModelOp model, int64_t ranks) {
     FailureOr<HeadSplitReport> report = splitAttentionHeads(model, ranks);
     if (failed(report))
       return failure();
     if (report->split.empty()) {
       InFlightDiagnostic error = model.emitError("--moe-propagate-sharding: tp = ")
-                                 << ranks << " splits the heads of moe.attention (grouped-query attention), and ";
+                                 << ranks << " splits attention heads (moe.attention) and expert MLPs, and ";
       if (report->kept.empty())
-        error << "this model has none (MLA, DSA and linear attention are not split over tp yet)";
-      for (const auto &[layer, why] : report->kept)
-        error << "@" << layer << "'s cannot: " << why << "; ";
+        error << "this model has none to split (MLA, DSA and linear attention are not split over tp yet; "
+                 "experts split over ep stay whole)";
+      for (const auto &[what, why] : report->kept)
+        error << "@" << what << " cannot: " << why << "; ";
       return error;
     }
-    for (const auto &[layer, why] : report->kept)
+    for (const auto &[what, why] : report->kept)
       model.emitWarning("--moe-propagate-sharding: tp = ")
-          << ranks << " keeps the attention of @" << layer << " on every tp rank: " << why;
+          << ranks << " keeps @" << what << " whole on every tp rank: " << why;
     return success();
   }
 

@@ -37,9 +37,13 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     partial result where a replicated value is needed (the all-reduce).
     Replicated adapters read inside (A of q, B of o) get
     `moe.tp_partial_grad`: `--moe-sync-gradients` sums them over tp too.
-    Everything else (MLA, DSA, linear attention, MLPs, experts) stays
-    replicated: every tp rank computes it; an attention that cannot split
-    is named in a warning, and a model with none fails.
+    Expert MLPs not split over ep split their intermediate features (up and
+    gate by rows, down by columns of each expert): `moe.tp_enter` on the
+    dispatched tokens, `moe.tp_exit` on the partial output before
+    `moe.combine`. Everything else (MLA, DSA, linear attention, dense MLPs,
+    shared experts) stays whole: every tp rank computes it; an attention or
+    expert MLP that cannot split is named in a warning, and a model with
+    nothing to split fails.
 
     Pipeline parallel (`pp`) changes nothing here: `--moe-schedule-pipeline`
     splits the training step into stages.

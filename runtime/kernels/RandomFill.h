@@ -11,8 +11,9 @@
 // of its name, computed by the host), `first_index` (0 unless the buffer is
 // part of the tensor: an expert-parallel rank's experts are elements
 // first_index.. of the whole tensor, so every mesh makes the same model), and for
-// a window of columns (a tensor-parallel rank's part of a row-split projection)
-// `columns` of every row of `whole_columns`, from `first_column`.
+// a window of columns (a tensor-parallel rank's part of a split tensor, seen as
+// rows x columns) `columns` (default: the last dimension) of every row of
+// `whole_columns`, from `first_column`.
 //
 //===----------------------------------------------------------------------===//
 

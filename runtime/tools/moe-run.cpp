@@ -149,17 +149,38 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
     int64_t firstRow = binding.first_expert();
     if (binding.slice().dims_size() > 0)
       firstRow = binding.slice().dims(0).start();
-    // A tensor-parallel rank's columns of a row-split projection [rows, tp x columns] (the
-    // only window a plan gives that keeps every row: expert parallel splits rows).
+    // A tensor-parallel rank's window of a tensor: split along one dimension d, it is a window
+    // of columns of the tensor seen as [dims before d, dims from d] (per expert for "{expert}"
+    // names, whose slices leave out the expert dimension).
     const moec::plan::Slice &slice = binding.slice();
-    if (slice.dims_size() == 2 && binding.whole_shape_size() == 2 && binding.whole_shape(1) != buffer.shape(1)) {
-      attrs["whole_columns"].set_i(binding.whole_shape(1));
-      attrs["first_column"].set_i(slice.dims(1).start());
-      firstRow = 0;
-    } else if (slice.dims_size() > 2 && binding.whole_shape_size() > 2 &&
-               binding.whole_shape(binding.whole_shape_size() - 1) != buffer.shape(buffer.shape_size() - 1)) {
-      return absl::UnimplementedError(absl::StrCat("random weights for '", name,
-                                                   "': a window of columns of a tensor of rank > 2"));
+    int skip = name.find("{expert}") != std::string::npos ? 1 : 0;
+    if (binding.whole_shape_size() == slice.dims_size() && slice.dims_size() + skip == buffer.shape_size()) {
+      int split = -1;
+      for (int d = 0; d < slice.dims_size(); ++d)
+        if (slice.dims(d).size() != binding.whole_shape(d))
+          split = split < 0 ? d : -2;
+      if (split == -2)
+        return absl::UnimplementedError(absl::StrCat("random weights for '", name, "': split along two dimensions"));
+      if (split >= 0) {
+        int64_t columns = 1, whole = 1, inner = 1;
+        for (int d = split; d < slice.dims_size(); ++d) {
+          columns *= slice.dims(d).size();
+          whole *= binding.whole_shape(d);
+          if (d > split)
+            inner *= binding.whole_shape(d);
+        }
+        attrs["columns"].set_i(columns);
+        attrs["whole_columns"].set_i(whole);
+        attrs["first_column"].set_i(slice.dims(split).start() * inner);
+        // Experts: each expert's whole tensor comes before the next one's.
+        int64_t expertElements = skip ? whole : 0;
+        for (int d = 0; skip && d < split; ++d)
+          expertElements *= binding.whole_shape(d);
+        attrs["first_index"].set_i(binding.first_expert() * expertElements);
+        if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
+          return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));
+        continue;
+      }
     }
     attrs["first_index"].set_i(firstRow * perRow);
     if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())

@@ -1,7 +1,7 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
 //   moe-mesh-check DIR --mesh dp=2,ep=2,pp=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
-//                  [--plan SINGLE --mesh-plan MESH]
+//                  [--plan SINGLE --mesh-plan MESH] [--tolerance R]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
 // golden.safetensors). The batch is the golden sequences, repeated until it
@@ -16,7 +16,7 @@
 // three AdamW steps (lr 1e-3, constant, no clipping). Prints one line per
 // tensor comparing the mesh with the single rank: the loss before each step,
 // every LoRA gradient of the first step, every parameter after the three
-// steps; exits 1 if any differs by more than relative 1e-4 (2e-2 in bf16),
+// steps; exits 1 if any differs by more than relative 1e-4 (2e-2 in bf16; --tolerance),
 // or if the ranks' parameters differ from each other at all.
 //
 //===----------------------------------------------------------------------===//
@@ -158,6 +158,13 @@ int main(int argc, char **argv) {
   std::string error;
   if (!args.integer("cpu-threads", 1, threads, error))
     return fail(error);
+  double tolerance = dtype == "bfloat16" ? 2e-2 : 1e-4;
+  if (std::string given = args.get("tolerance"); !given.empty()) {
+    char *end = nullptr;
+    tolerance = std::strtod(given.c_str(), &end);
+    if (given.empty() || *end != '\0' || !(tolerance > 0))
+      return fail("--tolerance must be a positive number, got '" + given + "'");
+  }
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
   if (args.positional.size() != 1 || meshText.empty())
@@ -287,7 +294,6 @@ int main(int argc, char **argv) {
       return fail("the mesh run: " + std::string(run.status.message()));
 
   Comparison compare;
-  double tolerance = dtype == "bfloat16" ? 2e-2 : 1e-4;
   compare.check("losses (3 steps)", ranks[0].losses, reference.losses, tolerance, 0);
   for (const auto &[name, values] : reference.grads)
     compare.check("grad." + name, ranks[0].grads[name], values, tolerance, 0);

@@ -2,7 +2,8 @@
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2}))' | FileCheck %s --check-prefix=DP
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2},moe-build-training-step))' | FileCheck %s --check-prefix=STEP
 // RUN: moe-opt %inputs/tiny.mlir --moe-lora-training='seq-len=8 mesh=dp=2,ep=2' | FileCheck %s --check-prefix=PIPELINE
-// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
+// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=3}))' 2>&1 | FileCheck %s --check-prefix=TP3
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=HEADS
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
@@ -43,7 +44,17 @@
 // PIPELINE: moe.all_to_all_dispatch
 // PIPELINE: moe.all_reduce_grads {axis = "dp+ep", layer = 1 : i64}
 
-// TP: error: --moe-propagate-sharding: tp = 2 splits the heads of moe.attention (grouped-query attention), and this model has none (MLA, DSA and linear attention are not split over tp yet)
+// Tensor parallel on experts: each rank computes every expert on its half of the intermediate
+// features (up by rows, down by columns), from the same tokens (moe.tp_enter: their gradient is
+// summed over tp) to a partial output, summed before the combine (moe.tp_exit).
+// TP: moe.param @up {{.*}} : tensor<4x8x16xf32> sharding #moe.sharding<[_, tp, _]>
+// TP-NEXT: moe.param @down {{.*}} : tensor<4x16x8xf32> sharding #moe.sharding<[_, _, tp]>
+// TP: %tokens, %counts = moe.dispatch
+// TP: %[[IN:.*]] = moe.tp_enter %tokens {axis = "tp"} : tensor<?x16xf32>
+// TP-NEXT: %[[Y:.*]] = moe.expert_mlp %[[IN]], %counts, up %{{.*}}, down %{{.*}} {{.*}} : (tensor<?x16xf32>, tensor<4xi64>, tensor<4x4x16xf32>, tensor<4x16x4xf32>) -> tensor<?x16xf32>
+// TP-NEXT: %[[SUM:.*]] = moe.tp_exit %[[Y]] {axis = "tp"} : tensor<?x16xf32>
+// TP-NEXT: moe.combine %[[SUM]]
+// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention) and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
 // heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the

@@ -32,7 +32,7 @@ void fillRandom(KernelContext &ctx) {
   uint64_t stream = static_cast<uint64_t>(ctx.attrInt("stream"));
   uint64_t first = static_cast<uint64_t>(ctx.attrInt("first_index", 0));
   int64_t whole = ctx.attrInt("whole_columns", 0), from = ctx.attrInt("first_column", 0);
-  int64_t columns = out.rank() > 0 ? out.dim(-1) : 1;
+  int64_t columns = ctx.attrInt("columns", out.rank() > 0 ? out.dim(-1) : 1);
   int64_t n = out.numel();
   unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536));
   withFloatType(ctx, out, "output", [&](auto tag) {

@@ -1,4 +1,4 @@
-//===- SplitHeads.cpp - attention heads over the tp axis ------------------===//
+//===- TensorParallel.cpp - attention heads and experts over tp ----------===//
 //
 // The sharding rules, per op, of a split attention (value states: replicated, split along
 // the feature dimension by heads, or a partial sum over the tp ranks):
@@ -14,9 +14,13 @@
 // A replicated value enters through moe.tp_enter (its gradient is summed over tp) and a
 // partial one leaves through moe.tp_exit (the sum over tp) where a replicated value is read.
 //
+// Routed experts (not split over ep) split their intermediate features the same way:
+//   expert_mlp(tokens replicated, up/gate [E, I, D] split on I, down [E, D, I] split on I)
+//     -> partial (each rank's share of every expert's output), summed before moe.combine.
+//
 //===----------------------------------------------------------------------===//
 
-#include "passes/propagate_sharding/SplitHeads.h"
+#include "passes/propagate_sharding/TensorParallel.h"
 
 #include "llvm/ADT/SetVector.h"
 #include "mlir/IR/Builders.h"
@@ -240,13 +244,58 @@ void apply(HeadSplit &plan, int64_t ranks) {
 
 } // namespace
 
+/// Why an expert MLP cannot split its intermediate features over tp ("" when it can).
+std::string expertSplitBlocker(moe::ExpertMLPOp mlp, int64_t ranks) {
+  if (mlp.getUpBias() || mlp.getDownBias())
+    return "it has biases";
+  if (mlp.getUpLoraA() || mlp.getGateLoraA() || mlp.getDownLoraA())
+    return "it has expert adapters";
+  if (mlp.getFusedGateUp() || mlp.getInOutLayout())
+    return "its weights are in a fused or [in, out] layout";
+  for (Value operand : mlp->getOperands().drop_front(2)) {
+    auto weight = operand.getDefiningOp<moe::WeightOp>();
+    auto param = weight ? SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
+                        : moe::ParamOp();
+    if (!param)
+      return "it reads a weight that is not a moe.weight";
+    if (param.getShardingAttr() && !param.getShardingAttr().isReplicated())
+      return "its experts are split over ep already";
+  }
+  if (tensorType(mlp.getUp()).getDimSize(1) % ranks)
+    return "its intermediate size does not split over tp";
+  return "";
+}
+
+void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
+  MLIRContext *context = mlp.getContext();
+  OpBuilder b(context);
+  StringAttr tp = b.getStringAttr("tp");
+  auto split = [&](Value read, int dim) {
+    auto weight = read.getDefiningOp<moe::WeightOp>();
+    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+    SmallVector<StringAttr> dims(param.getTensorType().getRank(), b.getStringAttr(""));
+    dims[dim] = tp;
+    param.setShardingAttr(moe::ShardingAttr::get(context, dims));
+    weight.getResult().setType(param.getLocalType());
+  };
+  split(mlp.getUp(), 1);
+  if (mlp.getGate())
+    split(mlp.getGate(), 1);
+  split(mlp.getDown(), 2);
+  b.setInsertionPoint(mlp);
+  mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(mlp.getLoc(), mlp.getTokens(), tp));
+  b.setInsertionPointAfter(mlp);
+  auto exit = b.create<moe::TpExitOp>(mlp.getLoc(), mlp.getResult(), tp);
+  mlp.getResult().replaceAllUsesExcept(exit.getResult(), exit);
+}
+
 FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {
   HeadSplitReport report;
   SmallVector<moe::AttentionOp> attentions;
   model.walk([&](moe::AttentionOp op) { attentions.push_back(op); });
   for (moe::AttentionOp attention : attentions) {
     auto layer = attention->getParentOfType<moe::LayerOp>();
-    std::string name = layer ? layer.getSymName().str() : "the model";
+    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (attention)";
     Analysis analysis(attention, ranks);
     std::string why = analysis.run();
     if (!why.empty()) {
@@ -254,6 +303,20 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
       continue;
     }
     apply(analysis.plan, ranks);
+    report.split.push_back(name);
+  }
+  SmallVector<moe::ExpertMLPOp> mlps;
+  model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
+  for (moe::ExpertMLPOp mlp : mlps) {
+    auto layer = mlp->getParentOfType<moe::LayerOp>();
+    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (experts)";
+    std::string why = expertSplitBlocker(mlp, ranks);
+    if (!why.empty()) {
+      if (!llvm::StringRef(why).ends_with("split over ep already")) // with ep, experts split there instead
+        report.kept.push_back({name, why});
+      continue;
+    }
+    splitExpertFeatures(mlp, ranks);
     report.split.push_back(name);
   }
   return report;

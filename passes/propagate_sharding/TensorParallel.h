@@ -1,0 +1,35 @@
+//===- TensorParallel.h - attention heads and experts over tp ---*- C++ -*-===//
+//
+// Tensor parallel for --moe-propagate-sharding: each moe.attention whose q, k, v and output
+// projections can be traced splits its heads over the tp ranks (Megatron's column/row split),
+// each expert MLP not split over ep its intermediate features; everything else stays
+// replicated (every tp rank computes it).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PASSES_PROPAGATE_SHARDING_TENSORPARALLEL_H_
+#define PASSES_PROPAGATE_SHARDING_TENSORPARALLEL_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dialects/moe/MoeOps.h"
+
+namespace moec::passes {
+
+/// Which layer templates' attention (and experts: "<layer> (experts)") were split, and for
+/// the others why not.
+struct HeadSplitReport {
+  std::vector<std::string> split;
+  std::vector<std::pair<std::string, std::string>> kept;
+};
+
+/// Splits the heads of every attention, and the intermediate features of every expert MLP,
+/// that can be split over `ranks` tp ranks (the model's `mesh` attribute must be set). Fails
+/// only on IR it cannot rewrite after checking it.
+mlir::FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks);
+
+} // namespace moec::passes
+
+#endif // PASSES_PROPAGATE_SHARDING_TENSORPARALLEL_H_
