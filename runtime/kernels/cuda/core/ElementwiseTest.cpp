@@ -183,6 +183,23 @@ std::string name(const SplitCase &c) {
          std::to_string(c.groups);
 }
 
+TEST(CudaMicrobatch, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  // A pipeline step's micro-batch of rows (hidden states, token ids) and a scalar loss weight.
+  struct Case {
+    std::vector<int64_t> in, out;
+    int64_t index, count;
+  };
+  for (const Case &c : std::vector<Case>{{{96, 64}, {24, 64}, 3, 4}, {{1000, 33}, {500, 33}, 0, 2}, {{4}, {}, 2, 4}})
+    expectMatchesCpu(
+        [&] {
+          KernelCall call(registry(), "microbatch");
+          call.input(randomTensor(c.in, 5)).attr("index", c.index).attr("count", c.count).output(plan::F32, c.out);
+          return call;
+        },
+        "microbatch " + shapeText(c.in) + " -> " + shapeText(c.out));
+}
+
 TEST(CudaSplit, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (const SplitCase &c : kSplitCases)
