@@ -32,7 +32,8 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     (and their adapters' B) by rows, per-head norms, RoPE, per-head splits
     and output gates follow, the attention keeps `heads / tp` heads, the
     output projection (and its adapter's A) splits by columns and makes a
-    partial sum. `moe.tp_enter` marks where the replicated input enters
+    partial sum (f32 on narrower data, so the sum over tp is rounded once).
+    `moe.tp_enter` marks where the replicated input enters
     (its backward sums the gradient over tp), `moe.tp_exit` sums the
     partial result where a replicated value is needed (the all-reduce).
     Replicated adapters read inside (A of q, B of o) get

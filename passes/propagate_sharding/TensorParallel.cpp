@@ -232,6 +232,22 @@ void apply(HeadSplit &plan, int64_t ranks) {
     auto enter = b.create<moe::TpEnterOp>(input.getLoc(), input, tp);
     input.replaceUsesWithIf(enter.getResult(), [&](OpOperand &use) { return plan.region.contains(use.getOwner()); });
   }
+  // Narrow (bf16) data: the partial sums stay f32 until the ranks' parts are summed, so the
+  // sum is rounded once, as one rank rounds it; where it is added to a narrower value (the
+  // residual), moe.add takes the f32 right-hand side.
+  Type f32 = b.getF32Type();
+  bool widen = llvm::any_of(plan.partials, [](Value partial) {
+    return !cast<RankedTensorType>(partial.getType()).getElementType().isF32();
+  });
+  for (Value partial : plan.exits)
+    for (OpOperand &use : partial.getUses()) {
+      auto add = dyn_cast<moe::AddOp>(use.getOwner());
+      if (!(add && plan.partials.contains(add.getResult())) && !(add && use.getOperandNumber() == 1))
+        widen = false;
+    }
+  if (widen)
+    for (Value partial : plan.partials)
+      partial.setType(cast<RankedTensorType>(partial.getType()).clone(f32));
   for (Value partial : plan.exits) {
     b.setInsertionPointAfterValue(partial);
     auto exit = b.create<moe::TpExitOp>(partial.getLoc(), partial, tp);
