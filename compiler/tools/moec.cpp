@@ -214,6 +214,8 @@ int runCompile(int argc, char **argv) {
   options.microBatch = microBatch;
   options.memoryCap = memoryCap;
   options.pipelineMicroBatches = pipelineMicroBatches;
+  if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)
+    errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;
   options.fuseChunkTokens = fuseChunkTokens;
   // A report on a mesh plans can run (dp, ep) is the plan's own, its collectives included; on
