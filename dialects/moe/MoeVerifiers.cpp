@@ -473,9 +473,7 @@ LogicalResult ExpertMLPOp::verify() {
         c.dim("down", getDown(), 0, e, "number of experts") &&
         c.dim("down", getDown(), inDim, inter, "expert intermediate size") &&
         c.dim("down", getDown(), outDim, d, "token features") &&
-        (tensorType(getResult()).getElementType().isF32() // a tp rank's partial output, kept exact
-             ? c.rank("result", getResult(), 2) && c.sameDim("tokens", getTokens(), 0, "result", getResult(), 0)
-             : activation(c, "result", getResult(), getTokens(), "tokens")) &&
+        activation(c, "result", getResult(), getTokens(), "tokens") &&
         c.dim("result", getResult(), 1, d, "token features")))
     return failure();
   if (getGate()) {

@@ -303,25 +303,6 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
   b.setInsertionPointAfter(mlp);
   auto exit = b.create<moe::TpExitOp>(mlp.getLoc(), mlp.getResult(), tp);
   mlp.getResult().replaceAllUsesExcept(exit.getResult(), exit);
-  // Narrow (bf16) data: the partial outputs stay f32 through the sum and the combine, so the
-  // sum is rounded once (where the combined output is added to a narrower value, moe.add
-  // takes the f32 right-hand side).
-  auto type = cast<RankedTensorType>(mlp.getType());
-  if (type.getElementType().isF32() || !exit->hasOneUse())
-    return;
-  auto combine = dyn_cast<moe::CombineOp>(*exit->getUsers().begin());
-  if (!combine || !llvm::all_of(combine->getUsers(), [](Operation *user) { return isa<moe::AddOp>(user); }))
-    return;
-  // x + y = y + x: the combined output goes on the right (a shared expert's output on the left).
-  for (Operation *user : llvm::make_early_inc_range(combine->getUsers())) {
-    auto add = cast<moe::AddOp>(user);
-    if (add.getLhs() == combine.getResult() && add.getRhs() != combine.getResult())
-      add->setOperands({add.getRhs(), add.getLhs()});
-    else if (add.getLhs() == combine.getResult())
-      return; // x + x: nothing narrower to add it to
-  }
-  for (Value v : {mlp.getResult(), exit.getResult(), combine.getResult()})
-    v.setType(cast<RankedTensorType>(v.getType()).clone(b.getF32Type()));
 }
 
 FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {
