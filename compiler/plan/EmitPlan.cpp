@@ -302,9 +302,10 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
   }
   // Each trainable tensor is held by every rank of its stage (its part of it by every rank of
   // its stage and tp coordinate, when split over tp); the layout names the first of them.
-  auto firstRank = [&](int64_t stage, int64_t tp) {
+  // (An expert adapter split over ep: its part by the ranks of its ep coordinate.)
+  auto firstRank = [&](int64_t stage, const char *axis, int64_t coordinate) {
     for (int64_t r = 0; r < shape.size(); ++r)
-      if (shape.coordinate(r, "pp") == stage && shape.coordinate(r, "tp") == tp)
+      if (shape.coordinate(r, "pp") == stage && shape.coordinate(r, axis) == coordinate)
         return r;
     return int64_t{0};
   };
@@ -312,16 +313,23 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
     for (auto [id, buffer] : llvm::enumerate(each.buffers)) {
       if (buffer.role != plan::LORA_PARAM)
         continue;
-      for (int64_t tp = 0; tp < (buffer.tpDim >= 0 ? shape.tp : 1); ++tp) {
+      const char *axis = buffer.tpDim >= 0 ? "tp" : buffer.expertSplit ? "ep" : "";
+      int64_t parts = buffer.tpDim >= 0 ? shape.tp : buffer.expertSplit ? shape.ep : 1;
+      for (int64_t part = 0; part < parts; ++part) {
         plan::LoraTensor *tensor = lora->add_tensors();
         tensor->set_peft_name(buffer.tensor);
-        tensor->set_rank(static_cast<int32_t>(firstRank(static_cast<int64_t>(stage), tp)));
+        tensor->set_rank(static_cast<int32_t>(firstRank(static_cast<int64_t>(stage), *axis ? axis : "tp", part)));
         tensor->set_param(static_cast<uint32_t>(id));
         tensor->set_grad(buffer.grad);
         tensor->set_adam_m(buffer.adamM);
         tensor->set_adam_v(buffer.adamV);
-        if (buffer.tpDim >= 0)
-          *tensor->mutable_slice() = tpSlice(buffer, tp);
+        if (!*axis)
+          continue;
+        ProgramBuffer window = buffer;
+        if (buffer.tpDim < 0)
+          window.tpDim = 0; // experts: dim 0
+        *tensor->mutable_slice() = tpSlice(window, part);
+        tensor->set_split_axis(axis);
       }
     }
   }

@@ -85,10 +85,8 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       int64_t experts = mlp.getNumExperts();
       if (experts % ranks != 0)
         return mlp.emitOpError("has ") << experts << " experts, which do not split over ep = " << ranks;
-      if (mlp.getUpLoraA() || mlp.getGateLoraA() || mlp.getDownLoraA())
-        return mlp.emitOpError("has expert adapters: with ep > 1 their PEFT export would need every "
-                               "rank's experts, which is not supported yet (use ep = 1 or no --expert-lora)");
-      // Every parameter operand after tokens and counts stacks the experts in dim 0.
+      // Every parameter operand after tokens and counts stacks the experts in dim 0 (expert
+      // adapters too: each rank trains its experts' adapters).
       for (Value operand : mlp->getOperands().drop_front(2)) {
         auto weight = operand.getDefiningOp<moe::WeightOp>();
         if (!weight)

@@ -17,7 +17,8 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
 
     Expert parallel (`ep`): the routed experts split over the `ep` ranks,
     `E / ep` consecutive experts each. Every parameter an `moe.expert_mlp`
-    reads (weights, biases, expert adapters) gets `sharding
+    reads (weights, biases, expert adapters: each rank trains its experts'
+    adapters) gets `sharding
     #moe.sharding<[ep, ...]>` and its `moe.weight` the type of one rank's
     part. Around the expert MLP, `moe.all_to_all_dispatch` sends each
     dispatched row to its expert's rank (with this rank's counts per local

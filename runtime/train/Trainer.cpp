@@ -36,9 +36,12 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   int world = std::max(1, plan.ranks_size()), perStage = std::max(1, world / pp);
   auto stageOf = [&](int r) { return r / perStage; };
   auto tpOf = [&](int r) { return (r / (ep * dp)) % tp; };
+  auto epOf = [&](int r) { return r % ep; };
   rankIndex = rank.rank();
   int stage = stageOf(rankIndex);
   gathering = pp > 1 || tp > 1;
+  for (const plan::LoraTensor &t : plan.lora().tensors())
+    gathering |= t.split_axis() == "ep"; // expert adapters split over ep
   countsLoads = tpOf(rankIndex) == 0;
   countsTokens = stage == pp - 1 && countsLoads;
   microBatches = std::max<int64_t>(1, plan.micro_batches());
@@ -58,8 +61,11 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
     for (size_t d = 0; d < whole.size(); ++d)
       known->second[d] = std::max(known->second[d], whole[d]);
     allTensors.push_back(each);
-    // A whole tensor: every rank of its stage holds it; a part: the ranks of its tp coordinate.
-    if (stageOf(t.rank()) == stage && (each.start.empty() || tpOf(t.rank()) == tpOf(rankIndex)))
+    // A whole tensor: every rank of its stage holds it; a part: the ranks of its coordinate on
+    // the axis it is split along.
+    bool part = !each.start.empty();
+    bool sameCoordinate = t.split_axis() == "ep" ? epOf(t.rank()) == epOf(rankIndex) : tpOf(t.rank()) == tpOf(rankIndex);
+    if (stageOf(t.rank()) == stage && (!part || sameCoordinate))
       tensors.push_back(each);
   }
   // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read

@@ -23,9 +23,8 @@
 // SINGLE: moe.fill 1.000000e+00 : tensor<f32>
 // SINGLE-NOT: moe.all_reduce_grads
 
-// Trainable parameters split over ep (made by hand: the pass that places the model refuses
-// expert adapters with ep > 1 until their export gathers ranks) are summed over dp only, in
-// their own bucket.
+// Trainable parameters split over ep (expert adapters; made by hand here) are summed over dp
+// only, in their own bucket.
 // EXPERTS: moe.apply_layer @block_bwd[1]
 // EXPERTS-NEXT: moe.all_reduce_grads {axis = "dp+ep", layer = 1 : i64}
 // EXPERTS-NEXT: moe.all_reduce_grads {axis = "dp", experts, layer = 1 : i64}
