@@ -67,14 +67,14 @@ void addAttr(google::protobuf::Map<std::string, plan::Attr> &attrs, StringRef ke
   }
 }
 
-/// This tp rank's window of a tensor split over tp.
-plan::Slice tpSlice(const ProgramBuffer &buffer, int64_t coordinate) {
+/// A rank's window of a tensor split along `dim` (its part `coordinate`; the buffer holds one
+/// part), from dimension `from` on (1 leaves out the expert dimension of "{expert}" tensors).
+plan::Slice windowOf(const ProgramBuffer &buffer, int dim, int64_t coordinate, int from = 0) {
   plan::Slice slice;
-  for (auto [d, size] : llvm::enumerate(buffer.shape)) {
+  for (int d = from; d < static_cast<int>(buffer.shape.size()); ++d) {
     plan::Slice::Range *range = slice.add_dims();
-    bool split = static_cast<int>(d) == buffer.tpDim;
-    range->set_start(split ? coordinate * size : 0);
-    range->set_size(size);
+    range->set_start(d == dim ? coordinate * buffer.shape[d] : 0);
+    range->set_size(buffer.shape[d]);
   }
   return slice;
 }
@@ -219,29 +219,19 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
       if (buffer.tpDim >= 0) {
         // One checkpoint tensor per expert ("{expert}" names): the window within each.
         int first = StringRef(buffer.tensor).contains("{expert}") ? 1 : 0;
-        plan::Slice slice = tpSlice(buffer, shape.coordinate(r, "tp"));
-        for (int d = first; d < slice.dims_size(); ++d) {
-          *binding.mutable_slice()->add_dims() = slice.dims(d);
+        *binding.mutable_slice() = windowOf(buffer, buffer.tpDim, shape.coordinate(r, "tp"), first);
+        for (int d = first; d < static_cast<int>(buffer.shape.size()); ++d)
           binding.add_whole_shape(d == buffer.tpDim ? buffer.shape[d] * shape.tp : buffer.shape[d]);
-        }
         continue;
       }
       if (!buffer.expertSplit)
         continue;
-      int64_t firstExpert = shape.coordinate(r, "ep") * buffer.shape.at(0);
       if (StringRef(buffer.tensor).contains("{expert}")) {
-        binding.set_first_expert(firstExpert);
+        binding.set_first_expert(shape.coordinate(r, "ep") * buffer.shape.at(0));
         continue;
       }
       // One checkpoint tensor stacking every expert: this rank's rows of it.
-      plan::Slice::Range *range = binding.mutable_slice()->add_dims();
-      range->set_start(firstExpert);
-      range->set_size(buffer.shape[0]);
-      for (size_t d = 1; d < buffer.shape.size(); ++d) {
-        range = binding.mutable_slice()->add_dims();
-        range->set_start(0);
-        range->set_size(buffer.shape[d]);
-      }
+      *binding.mutable_slice() = windowOf(buffer, 0, shape.coordinate(r, "ep"));
     }
     for (const std::string &key : groupKeys[stage]) {
       auto [axes, pair] = StringRef(key).split('@');
@@ -325,10 +315,8 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
         tensor->set_adam_v(buffer.adamV);
         if (!*axis)
           continue;
-        ProgramBuffer window = buffer;
-        if (buffer.tpDim < 0)
-          window.tpDim = 0; // experts: dim 0
-        *tensor->mutable_slice() = tpSlice(window, part);
+        // Experts split over ep along their leading dimension.
+        *tensor->mutable_slice() = windowOf(buffer, buffer.tpDim >= 0 ? buffer.tpDim : 0, part);
         tensor->set_split_axis(axis);
       }
     }

@@ -294,8 +294,6 @@ private:
         copy->setAttr(moe::kPipelineBackwardAttr, b.getUnitAttr());
     };
 
-    // The stage's work in order; an exchange with a neighbour that the neighbour pairs with
-    // the next one is emitted as one op with it.
     // Gradient sums run once, after the last backward, and after its gradient went to the
     // previous stage (which waits for it).
     std::vector<Operation *> sums;
@@ -304,6 +302,8 @@ private:
         clone(m - 1, op, true);
       sums.clear();
     };
+    // The stage's work in order; a transfer paired with the next one (pairTransfers) is one
+    // exchange op with it.
     std::vector<Item> &items = itemsOf[s];
     for (size_t k = 0; k < items.size(); ++k) {
       const Item &item = items[k];
