@@ -61,6 +61,16 @@ std::string humanCount(int64_t n) {
   return out;
 }
 
+double tokenShareOfRank(int64_t experts, int64_t topK, int64_t ranks) {
+  if (ranks <= 1 || experts <= 0)
+    return 1.0;
+  double none = 1.0; // no expert of the token on that rank: all k picked among the others
+  int64_t elsewhere = experts - experts / ranks;
+  for (int64_t i = 0; i < topK; ++i)
+    none *= elsewhere > i ? double(elsewhere - i) / double(experts - i) : 0.0;
+  return 1.0 - none;
+}
+
 std::string withCommas(int64_t n) {
   std::string digits = std::to_string(n), out;
   for (size_t i = 0; i < digits.size(); ++i) {

@@ -36,6 +36,11 @@ struct ModelSummary {
 ModelSummary summarizeModel(moe::ModelOp model);
 void printSummary(const ModelSummary &summary, llvm::raw_ostream &os);
 
+/// Expert parallel with `ranks` ranks of `experts / ranks` consecutive experts: the expected
+/// share of a rank's tokens that go to one given rank (at least one of the token's `topK`
+/// distinct experts is there), with uniform routing: 1 - C(E - E/n, k) / C(E, k).
+double tokenShareOfRank(int64_t experts, int64_t topK, int64_t ranks);
+
 /// "30,532,122,624".
 std::string withCommas(int64_t n);
 /// "30.53B", "26.74M", "512".

@@ -79,6 +79,16 @@ plan::Slice windowOf(const ProgramBuffer &buffer, int dim, int64_t coordinate, i
   return slice;
 }
 
+/// plan.proto's kind for a program step's collective; KIND_UNSPECIFIED for one it has none for.
+plan::Collective::Kind collectiveKind(const std::string &name) {
+  return name == "all_reduce"      ? plan::Collective::ALL_REDUCE
+         : name == "expert_route"  ? plan::Collective::EXPERT_ROUTE
+         : name == "expert_send"   ? plan::Collective::EXPERT_SEND
+         : name == "expert_return" ? plan::Collective::EXPERT_RETURN
+         : name == "send_recv"     ? plan::Collective::SEND_RECV
+                                   : plan::Collective::KIND_UNSPECIFIED;
+}
+
 /// One stage's program as a rank of the plan (rank 0's coordinates; emitPlan sets each
 /// rank's own), and the axes of its groups in first-use order (a pipeline exchange's key
 /// names its pair of stages: "pp@0-1").
@@ -102,6 +112,8 @@ plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
     b->set_size_bytes(buffer.bytes);
     b->set_first_step(buffer.first);
     b->set_last_step(buffer.last);
+    if (buffer.receivedRowsOf >= 0)
+      b->set_received_rows_of(static_cast<uint32_t>(buffer.receivedRowsOf) + 1);
     if (buffer.role == plan::WEIGHT) {
       plan::WeightBinding *binding = rank.add_weights();
       binding->set_buffer(static_cast<uint32_t>(id));
@@ -115,13 +127,12 @@ plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
     s->set_layer(step.layer);
     s->set_origin(step.origin);
     if (!step.collective.empty()) {
-      plan::Collective::Kind kind = step.collective == "all_reduce"        ? plan::Collective::ALL_REDUCE
-                                    : step.collective == "expert_dispatch" ? plan::Collective::EXPERT_DISPATCH
-                                    : step.collective == "expert_combine"  ? plan::Collective::EXPERT_COMBINE
-                                    : step.collective == "send_recv"       ? plan::Collective::SEND_RECV
-                                                                           : plan::Collective::KIND_UNSPECIFIED;
+      plan::Collective::Kind kind = collectiveKind(step.collective);
       plan::Collective *collective = s->mutable_collective();
       collective->set_kind(kind);
+      if (auto experts = step.attrs ? step.attrs.getAs<mlir::IntegerAttr>("num_experts") : nullptr;
+          experts && kind == plan::Collective::EXPERT_ROUTE)
+        collective->set_num_experts(experts.getInt());
       std::string key = step.axis;
       if (step.peerStage >= 0)
         key += "@" + std::to_string(std::min(program.stage, step.peerStage)) + "-" +
@@ -196,8 +207,7 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
         return model.emitError("buffer '") << buffer.name << "' has no arena offset";
   for (const Program &each : programs)
     for (const ProgramStep &step : each.steps)
-      if (!step.collective.empty() && step.collective != "all_reduce" && step.collective != "expert_dispatch" &&
-          step.collective != "expert_combine" && step.collective != "send_recv")
+      if (!step.collective.empty() && collectiveKind(step.collective) == plan::Collective::KIND_UNSPECIFIED)
         return model.emitError("no plan form for the collective '") << step.collective << "'";
   std::vector<std::vector<std::string>> groupKeys(programs.size());
   std::vector<plan::Rank> stageRanks;

@@ -42,6 +42,7 @@ struct LayerFacts {
   // All-to-all payload (the [tokens x top_k, width] expert-side rows) and count, by phase
   // (0 forward, 1 backward, 2 recompute) and direction (0 dispatch-side, 1 combine-side).
   int64_t a2aBytes[3] = {0, 0, 0}, a2aCount[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+  int64_t topK = 1; // expert copies per token (the dispatch's rows over its tokens)
   bool hasRouter = false, linearAfterRouter = false, recompute = false;
   int64_t outBytes = 0; // its [tokens, hidden] output
   int64_t flops = 0;
@@ -166,8 +167,11 @@ Facts analyze(const Program &program) {
         ++layer.a2aCount[phase][kernel == "combine" ? 1 : 0];
       }
       if (kernel == "dispatch" && !backward && step.outputs.size() > 1 &&
-          !buffers[step.outputs[1]].shape.empty())
+          !buffers[step.outputs[1]].shape.empty()) {
         f.numExperts = std::max(f.numExperts, buffers[step.outputs[1]].shape[0]);
+        layer.topK = std::max<int64_t>(1, buffers[step.outputs[0]].shape.at(0) /
+                                              std::max<int64_t>(1, buffers[step.inputs[0]].shape.at(0)));
+      }
     } else if (i < firstLayerStep) {
       f.preFlops += step.flops;
     } else {
@@ -393,7 +397,10 @@ private:
         for (int l = st.firstLayer; l < st.endLayer; ++l) {
           dispatches += f.layers[l].a2aCount[ph][0];
           combines += f.layers[l].a2aCount[ph][1];
-          bytes += double(f.layers[l].a2aBytes[ph]) / mesh.tp * (mesh.ep - 1) / mesh.ep;
+          // Each token's row goes once to each other rank that holds one of its experts.
+          const LayerFacts &layer = f.layers[l];
+          double share = analysis::tokenShareOfRank(f.numExperts, layer.topK, mesh.ep);
+          bytes += double(layer.a2aBytes[ph]) / mesh.tp / double(layer.topK) * share * (mesh.ep - 1);
         }
         const char *what = !combines ? "dispatch" : !dispatches ? "combine" : "dispatch+combine";
         add(st, "all-to-all", what, phases[ph], "ep", ep, (dispatches + combines) * m,
@@ -524,8 +531,9 @@ private:
                     "(fwd) and reduce-scatter (bwd) around the LM head; the vocab-parallel loss's "
                     "per-token reductions (12 bytes per token) are left out");
     lines.push_back("expert parallel: each dispatch and combine (forward, recomputed) and each of "
-                    "their backwards is one all-to-all of this GPU's [tokens/tp x top_k, width] rows, "
-                    "(ep-1)/ep of which leave the GPU");
+                    "their backwards is one all-to-all of this GPU's [tokens/tp, width] rows, each "
+                    "token's row once to every other GPU that holds one of its top_k experts (uniform "
+                    "routing)");
     lines.push_back("pipeline transfers: each micro-batch sends its boundary activation [tokens/tp, "
                     "hidden] forward and its gradient backward, counted on the sender");
     lines.push_back("not counted: CUDA context, NCCL and all-to-all staging buffers, allocator "

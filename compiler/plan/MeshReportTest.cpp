@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -131,7 +132,7 @@ TEST_F(MeshReportTest, OneRankIsTheSingleRankArenas) {
   EXPECT_EQ(e.globalTokensPerStep, kTokens);
 }
 
-TEST_F(MeshReportTest, ExpertParallelHalvesTheExpertsAndSendsHalfTheRows) {
+TEST_F(MeshReportTest, ExpertParallelHalvesTheExpertsAndSendsTokensOncePerRank) {
   MeshEstimate one = estimate(moe::MeshShape{});
   MeshEstimate e = estimate(moe::MeshShape{1, 1, 1, /*ep=*/2});
   const MemoryByRole &mem = e.stages[0].memory;
@@ -141,26 +142,28 @@ TEST_F(MeshReportTest, ExpertParallelHalvesTheExpertsAndSendsHalfTheRows) {
   EXPECT_EQ(mem.loraParam, kLayers * kLoraPerLayer); // q/o adapters are not experts' adapters
   EXPECT_EQ(mem.activation, arena(plan::ACTIVATION));
 
-  // Per MoE layer one dispatch and one combine each way, tokens x top_k rows of the model
-  // width, half of which leave the GPU.
-  int64_t rows = kTokens * kTopK * kHidden * kF32 / 2;
+  // Per MoE layer one dispatch and one combine each way: each token's row of the model width
+  // once to the other GPU when one of its 2 experts (of 8) is there: all but C(4,2)/C(8,2) =
+  // 6/28 of the tokens.
+  double tokenRows = double(kTokens) * kHidden * kF32;
   for (const char *phase : {"fwd", "bwd"}) {
     const CommEstimate *a2a = find(e.stages[0], "all-to-all", phase);
     ASSERT_NE(a2a, nullptr) << phase;
     EXPECT_EQ(a2a->axis, "ep");
     EXPECT_EQ(a2a->groupSize, 2);
     EXPECT_EQ(a2a->count, 2 * kLayers);
-    EXPECT_EQ(a2a->bytes, 2 * kLayers * rows);
+    EXPECT_EQ(a2a->bytes, std::llround(2 * kLayers * tokenRows * 22.0 / 28.0));
     EXPECT_FALSE(a2a->crossesNodes);
-    EXPECT_DOUBLE_EQ(a2a->seconds, 2 * kLayers * rows / 900e9);
+    EXPECT_DOUBLE_EQ(a2a->seconds, a2a->bytes / 900e9);
   }
   EXPECT_EQ(find(e.stages[0], "all-to-all", "recompute"), nullptr);
 
-  // ep=4: 3/4 of the rows leave.
+  // ep=4: to each of 3 other GPUs, all tokens but those with both experts among its 6 others
+  // (C(6,2)/C(8,2) = 15/28).
   MeshEstimate four = estimate(moe::MeshShape{1, 1, 1, 4});
   const CommEstimate *a2a = find(four.stages[0], "all-to-all", "fwd");
   ASSERT_NE(a2a, nullptr);
-  EXPECT_EQ(a2a->bytes, 2 * kLayers * kTokens * kTopK * kHidden * kF32 * 3 / 4);
+  EXPECT_EQ(a2a->bytes, std::llround(2 * kLayers * tokenRows * 13.0 / 28.0 * 3));
   EXPECT_EQ(four.stages[0].memory.expertWeight, kLayers * 3 * (kExpertTensor / 4));
 
   // The ep ranks run their own tokens: the q/o LoRA gradients are summed over them.
@@ -322,7 +325,7 @@ TEST_F(MeshReportTest, RecomputeRepeatsTheForwardCollectives) {
   ASSERT_NE(a2a, nullptr);
   EXPECT_EQ(a2a->what, "dispatch");
   EXPECT_EQ(a2a->count, kLayers);
-  EXPECT_EQ(a2a->bytes, kLayers * kTokens / 2 * kTopK * kHidden * kF32 / 2);
+  EXPECT_EQ(a2a->bytes, std::llround(kLayers * double(kTokens / 2) * kHidden * kF32 * 22.0 / 28.0));
   // And the attention block's all-gather and reduce-scatter.
   for (const char *collective : {"all-gather", "reduce-scatter"}) {
     const CommEstimate *c = find(st, collective, "recompute");

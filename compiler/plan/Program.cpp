@@ -175,30 +175,64 @@ private:
     if (auto dispatch = dyn_cast<moe::DispatchOp>(op)) {
       const ProgramBuffer &indices = program.buffers[values.lookup(dispatch.getIndices())];
       rows = indices.shape.at(0) * indices.shape.at(1); // one row per (token, expert) pair
-    } else if (auto combine = dyn_cast<moe::CombineOp>(op)) {
-      rows = rowsOf(combine.getIndices());
-    } else if (auto exchange = dyn_cast<moe::AllToAllDispatchOp>(op)) {
-      // Room for every row of every rank: any of them may route all its rows here.
-      rows = rowsOf(exchange.getTokens()) * exchange.getRanks();
-    } else if (auto back = dyn_cast<moe::AllToAllCombineOp>(op)) {
-      rows = rowsOf(back.getRows()) / back.getRanks();
+    } else if (auto route = dyn_cast<moe::EpRouteOp>(op)) {
+      // Room for every token of every rank: any of them may send all its tokens here.
+      rows = rowsOf(route.getIndices()) * route.getRanks();
+    } else if (auto send = dyn_cast<moe::EpSendOp>(op)) {
+      rows = rowsOf(send.getInput()) * send.getRanks();
+    } else if (auto back = dyn_cast<moe::EpReturnOp>(op)) {
+      rows = rowsOf(back.getInput()) / back.getRanks();
     } else if (auto slice = dyn_cast<moe::MicrobatchOp>(op)) {
       rows = rowsOf(slice.getInput()) / slice.getCount();
     } else if (isa<moe::StageExchangeOp>(op)) {
       rows = program.tokens(); // one micro-batch's hidden state or its gradient
-    } else if (auto backward = dyn_cast<moe::BackwardOp>(op)) {
-      rows = rowsOf(backward.getInputs()[backward.getGradOfInputs()[index]]);
-    } else {
-      for (Value operand : op->getOperands()) {
-        auto operandType = dyn_cast<RankedTensorType>(operand.getType());
-        if (operandType && operandType.getRank() > 0 && operandType.isDynamicDim(0)) {
-          rows = rowsOf(operand);
-          break;
-        }
-      }
+    } else if (Value from = rowsOperand(op, index)) {
+      rows = rowsOf(from);
     }
     shape[0] = rows;
     return shape;
+  }
+
+  /// The operand whose rows decide result `index`'s rows, for ops whose rows are those of
+  /// an operand (a multiple of them for moe.dispatch); null otherwise.
+  static Value rowsOperand(Operation *op, unsigned index) {
+    if (auto dispatch = dyn_cast<moe::DispatchOp>(op))
+      return dispatch.getIndices();
+    if (auto combine = dyn_cast<moe::CombineOp>(op))
+      return combine.getIndices();
+    if (isa<moe::EpRouteOp, moe::EpSendOp, moe::EpReturnOp, moe::MicrobatchOp, moe::StageExchangeOp>(op))
+      return {};
+    if (auto backward = dyn_cast<moe::BackwardOp>(op))
+      return backward.getInputs()[backward.getGradOfInputs()[index]];
+    for (Value operand : op->getOperands()) {
+      auto operandType = dyn_cast<RankedTensorType>(operand.getType());
+      if (operandType && operandType.getRank() > 0 && operandType.isDynamicDim(0))
+        return operand;
+    }
+    return {};
+  }
+
+  /// Expert parallel: which route's received rows result `index` of `op` (buffer `id`) follows.
+  void followReceivedRows(Operation *op, unsigned index, int id, const llvm::DenseMap<Value, int> &values) {
+    ProgramBuffer &buffer = program.buffers[id];
+    int anchor = -1;
+    if (auto route = dyn_cast<moe::EpRouteOp>(op)) {
+      if (index == 0)
+        anchor = id;
+      else
+        routeOfLayout[id] = values.lookup(route.getLocalIndices()); // result 0 is placed first
+    } else if (auto send = dyn_cast<moe::EpSendOp>(op)) {
+      anchor = routeOfLayout.lookup(values.lookup(send.getLayout()));
+    } else if (auto type = cast<RankedTensorType>(op->getResult(index).getType());
+               type.getRank() == 0 || !type.isDynamicDim(0)) {
+      return; // not token rows
+    } else if (Value from = rowsOperand(op, index)) {
+      anchor = program.buffers[values.lookup(from)].receivedRowsOf;
+    }
+    if (anchor < 0)
+      return;
+    buffer.receivedRowsOf = anchor;
+    buffer.rowsRoom = program.buffers[anchor].rowsRoom;
   }
 
   LogicalResult walk(Block &block, llvm::DenseMap<Value, int> &values, Context context) {
@@ -289,7 +323,7 @@ private:
         program.steps.back().peerStage = static_cast<int>(exchange.getPeer());
         continue;
       }
-      if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp, moe::MicrobatchOp>(op))
+      if (!isa<moe::DifferentiableOpInterface, moe::FillOp, moe::BackwardOp, moe::MicrobatchOp, moe::EpRouteOp>(op))
         return op.emitOpError("has no kernel; the plan can only run moe compute ops");
       std::vector<int> inputs, outputs;
       for (auto [index, operand] : llvm::enumerate(op.getOperands())) {
@@ -313,9 +347,10 @@ private:
         program.buffers[id].instance = context.instance;
         values[op.getResult(i)] = id;
         outputs.push_back(id);
+        if (auto route = dyn_cast<moe::EpRouteOp>(op); route && i == 0)
+          program.buffers[id].rowsRoom = route.getRanks();
+        followReceivedRows(&op, i, id, values);
       }
-      if (auto dispatch = dyn_cast<moe::AllToAllDispatchOp>(op))
-        program.buffers[outputs[0]].rowsRoom = dispatch.getRanks();
       if (std::optional<ExpertExchange> exchange = expertExchange(&op, inputs)) {
         addStep(&op, "", exchange->inputs, outputs, context);
         program.steps.back().collective = exchange->collective;
@@ -327,28 +362,19 @@ private:
     return success();
   }
 
-  /// The expert all-to-all ops and their backwards are collectives; `inputs` are the op's
-  /// operand buffers in IR order, rearranged into plan.proto's layouts.
+  /// The expert exchange's ops are collectives; `inputs` are the op's operand buffers in IR
+  /// order, which is plan.proto's layout.
   struct ExpertExchange {
     std::string collective, axis;
     std::vector<int> inputs;
   };
   static std::optional<ExpertExchange> expertExchange(Operation *op, const std::vector<int> &in) {
-    if (auto dispatch = dyn_cast<moe::AllToAllDispatchOp>(op))
-      return ExpertExchange{"expert_dispatch", dispatch.getAxis().str(), {in[0], in[1]}};
-    if (auto combine = dyn_cast<moe::AllToAllCombineOp>(op))
-      return ExpertExchange{"expert_combine", combine.getAxis().str(), {in[0], in[1], in[2]}};
-    auto backward = dyn_cast<moe::BackwardOp>(op);
-    if (!backward)
-      return std::nullopt;
-    auto axis = backward.getForwardAttrs().getAs<StringAttr>("axis");
-    // dispatch: inputs (tokens, counts), outputs (received, local, sources), grads (d received):
-    // the gradients go back the way results do.
-    if (backward.getForward() == moe::AllToAllDispatchOp::getOperationName() && axis)
-      return ExpertExchange{"expert_combine", axis.str(), {in[5], in[4], in[1]}};
-    // combine: inputs (rows, sources, counts), grads (d result): out again, layout known.
-    if (backward.getForward() == moe::AllToAllCombineOp::getOperationName() && axis)
-      return ExpertExchange{"expert_dispatch", axis.str(), {in[3], in[2], in[1]}};
+    if (auto route = dyn_cast<moe::EpRouteOp>(op))
+      return ExpertExchange{"expert_route", route.getAxis().str(), in};
+    if (auto send = dyn_cast<moe::EpSendOp>(op))
+      return ExpertExchange{"expert_send", send.getAxis().str(), in};
+    if (auto back = dyn_cast<moe::EpReturnOp>(op))
+      return ExpertExchange{"expert_return", back.getAxis().str(), in};
     return std::nullopt;
   }
 
@@ -447,6 +473,8 @@ private:
   /// replicated ones whose gradient each tp rank has a part of.
   enum BucketKind { kReplicated, kExperts, kTpPartial };
   std::map<std::pair<int64_t, BucketKind>, std::vector<int>> gradsOfLayer;
+  /// Each expert route's layout buffer -> its received-indices buffer.
+  llvm::DenseMap<int, int> routeOfLayout;
 };
 
 /// Lowest offset where `size` bytes fit beside `placed` (sorted by offset).

@@ -48,12 +48,15 @@ struct ProgramBuffer {
   /// Rows that are room for this many times the rows expected (an expert-parallel rank's
   /// received rows: any rank may send it all its rows); FLOP counts use the expected ones.
   int64_t rowsRoom = 1;
+  /// Expert parallel: the route's received-indices buffer whose received rows this buffer's
+  /// rows follow (plan.proto Buffer.received_rows_of); -1 = none.
+  int receivedRowsOf = -1;
 };
 
 struct ProgramStep {
   std::string kernel; // "linear", "linear.backward", "accumulate_grad", ...
   /// Set for a collective (kernel is empty): "all_reduce" (inputs[i] pairs with
-  /// outputs[i]), "expert_dispatch" or "expert_combine" (plan.proto's operand layouts), and
+  /// outputs[i]), "expert_route", "expert_send" or "expert_return" (plan.proto's operand layouts), and
   /// the mesh axes it runs over ("dp", "dp+ep", "ep").
   std::string collective, axis;
   /// A pipeline exchange ("send_recv" over "pp"): the stage it sends to and receives from.

@@ -2,6 +2,7 @@
 
 #include "compiler/plan/Report.h"
 
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -120,11 +121,17 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     return n;
   };
   // Per (collective, axis, phase): how many, and the bytes this rank sends per step (ring
-  // all-reduce 2(n-1)/n of the tensor; the expert exchange the (n-1)/n of its rows that
-  // balanced routing sends to other ranks, counted once per direction of the layout).
+  // all-reduce 2(n-1)/n of the tensor; the expert exchange the rows of the tokens that
+  // uniform routing sends to each other rank, tokenShareOfRank of them).
   struct Row {
     int64_t count = 0, bytes = 0;
   };
+  double share = 1.0;
+  for (const ProgramStep &step : program.steps)
+    if (step.collective == "expert_route")
+      if (auto experts = step.attrs.getAs<IntegerAttr>("num_experts"))
+        share = analysis::tokenShareOfRank(experts.getInt(), program.buffers[step.inputs[0]].shape.at(1),
+                                           groupSize(step.axis));
   std::map<std::tuple<std::string, std::string, int>, Row> rows;
   for (const ProgramStep &step : program.steps) {
     if (step.collective.empty())
@@ -134,16 +141,16 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
       for (int id : step.inputs)
         bytes += program.buffers[id].bytes;
       bytes = bytes * 2 * (n - 1) / std::max<int64_t>(n, 1);
-    } else { // the rank-side rows: the dispatch's input, the combine's output
-      const ProgramBuffer &rankSide = step.collective == "expert_dispatch" ? program.buffers[step.inputs[0]]
-                                                                           : program.buffers[step.outputs[0]];
-      bytes = rankSide.bytes * (n - 1) / std::max<int64_t>(n, 1);
+    } else { // the token-side rows: what a route or send reads, what a return writes
+      const ProgramBuffer &tokenSide = step.collective == "expert_return" ? program.buffers[step.outputs[0]]
+                                                                          : program.buffers[step.inputs[0]];
+      bytes = static_cast<int64_t>(std::llround(double(tokenSide.bytes) * share * double(n - 1)));
     }
     Row &row = rows[{step.collective, step.axis, static_cast<int>(step.phase)}];
     ++row.count;
     row.bytes += bytes;
   }
-  os << "\ncollectives per step (mesh " << mesh.str() << "; bytes this rank sends, balanced routing):\n";
+  os << "\ncollectives per step (mesh " << mesh.str() << "; bytes this rank sends, uniform routing):\n";
   os << llvm::format("  %-16s %-6s %-9s %6s %14s  %s\n", "collective", "axis", "phase", "count", "bytes", "why");
   int64_t total = 0;
   for (auto &[key, row] : rows) {
@@ -151,10 +158,12 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     const char *why = kind == "all_reduce"
                           ? "LoRA gradients of a layer, summed over the ranks that train the same tensor on "
                             "other tokens (--moe-sync-gradients)"
-                      : kind == "expert_dispatch"
-                          ? "rows to the ranks of their experts: routed experts split over ep "
-                            "(--moe-propagate-sharding); in the backward, the gradients of a combine"
-                          : "expert results back to the rows' ranks; in the backward, the gradients of a dispatch";
+                      : kind == "expert_route" ? "each token's experts to the ranks that hold them (ep)"
+                      : kind == "expert_send"
+                          ? "hidden states and router weights to their experts' ranks, once per rank; in the "
+                            "backward, the gradients of a return"
+                          : "each rank's partial expert sums back to the tokens' ranks; in the backward, the "
+                            "gradients of a send";
     const char *phaseName = phase == plan::FORWARD ? "forward" : phase == plan::BACKWARD ? "backward" : "recompute";
     os << llvm::format("  %-16s %-6s %-9s %6lld %14s  %s\n", kind.c_str(), axis.c_str(), phaseName,
                        static_cast<long long>(row.count), analysis::withCommas(row.bytes).c_str(), why);

@@ -83,6 +83,26 @@ LogicalResult TpExitOp::buildBackward(OpBuilder &builder, ValueRange resultGrads
   return success();
 }
 
+LogicalResult EpSendOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                      SmallVectorImpl<Value> &operandGrads) {
+  // Every rank a token went to contributes to its gradient: their rows come back, summed.
+  operandGrads.assign(2, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<EpReturnOp>(getLoc(), getInput().getType(), resultGrads[0], getLayout(),
+                                                 getAxisAttr(), getRanksAttr());
+  return success();
+}
+
+LogicalResult EpReturnOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                        SmallVectorImpl<Value> &operandGrads) {
+  // A token's sum depends on each rank's row alike: its gradient goes out to each of them.
+  operandGrads.assign(2, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<EpSendOp>(getLoc(), getInput().getType(), resultGrads[0], getLayout(),
+                                               getAxisAttr(), getRanksAttr());
+  return success();
+}
+
 static ParamOp lookupParam(WeightOp weight) {
   return SymbolTable::lookupNearestSymbolFrom<ParamOp>(weight, weight.getParamAttr());
 }
@@ -91,8 +111,6 @@ bool RouterOp::backwardUsesResults() { return true; }
 
 // The saved per-row logsumexp spares the backward a reduction over every row of logits.
 bool LMHeadCrossEntropyOp::backwardUsesResults() { return true; }
-// The way back needs the layout the exchange made (rows per source and expert).
-bool AllToAllDispatchOp::backwardUsesResults() { return true; }
 
 bool WeightOp::isGradientSource() {
   ParamOp param = lookupParam(*this);

@@ -526,7 +526,9 @@ def Moe_DispatchOp : Moe_ComputeOp<"dispatch"> {
   let description = [{
     Each token goes to its k experts: `input: [T, D]`, `indices: [T, k]`
     -> `tokens: [T*k, D]` grouped by expert, and `counts: [E]` rows per
-    expert.
+    expert. A negative index is an expert on another rank (what
+    `moe.ep_route` gives): that copy is not made, and the rows past the
+    counted ones are room.
   }];
   let arguments = (ins Moe_Tensor:$input, Moe_IndexTensor:$indices, I64Attr:$num_experts);
   let results = (outs Moe_Tensor:$tokens, RankedTensorOf<[I64]>:$counts);
@@ -579,6 +581,12 @@ def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
 
 def Moe_CombineOp : Moe_ComputeOp<"combine"> {
   let summary = "Un-permutes expert outputs and sums each token's k copies by router weight.";
+  let description = [{
+    The inverse of `moe.dispatch` with the same `indices`: `result[t] = Σ_j
+    weights[t, j] * expert_output[row of (t, j)]`, slots in order, f32
+    accumulation. A negative index (an expert on another rank) adds nothing;
+    its weight's gradient is zero here.
+  }];
   let arguments = (ins Moe_Tensor:$expert_output, Moe_IndexTensor:$indices,
                    RankedTensorOf<[F32]>:$weights);
   let results = (outs Moe_Tensor:$result);
@@ -794,56 +802,79 @@ def Moe_AllReduceGradsOp : Moe_Op<"all_reduce_grads"> {
   let assemblyFormat = "attr-dict";
 }
 
+// Expert parallel: inserted by --moe-propagate-sharding. Each token travels once to
+// every rank that holds one of its experts (not once per expert), and each rank
+// returns one partial sum per token it received.
+//
 // Pure: a function of its operands when every rank runs it (they all run the same program),
 // so a backward that does not read it drops it like any other forward op.
-def Moe_AllToAllDispatchOp : Moe_Op<"all_to_all_dispatch", [Pure,
-    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["backwardUsesResults"]>]> {
-  let summary = "Sends each dispatched row to the rank that holds its expert (expert parallel).";
+def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure]> {
+  let summary = "Decides which ranks each token goes to (expert parallel) and sends them its experts.";
   let description = [{
-    The `ranks` ranks of `axis` each hold `E / ranks` consecutive experts
-    (rank j: experts `[j E/ranks, (j+1) E/ranks)`). `tokens: [N, D]` are this
-    rank's rows grouped by global expert with `counts: [E]` (what
-    `moe.dispatch` makes); every row goes to its expert's rank. Results:
-    `received: [ranks N, D]`, this rank's experts' rows grouped by local
-    expert and, within an expert, by source rank (room for every row of every
-    rank; only the first sum of `local_counts` rows are its value, the rest is
-    undefined room), `local_counts:
-    [E / ranks]`, and `source_counts: [ranks, E / ranks]`, rows per (source,
-    local expert), which `moe.all_to_all_combine` needs to send results back.
-    Its backward is that combine on the gradients.
+    The `ranks` ranks of `axis` each hold `num_experts / ranks` consecutive
+    experts (rank j: `[j E/ranks, (j+1) E/ranks)`). `indices: [T, k]` are
+    this rank's tokens' experts. A token goes to every rank that holds at
+    least one of its k experts, once. Results: `local_indices: [ranks T, k]`,
+    the tokens this rank receives, grouped by source rank (in token order
+    within a source), each with its experts as this rank's local expert
+    numbers and -1 where the expert lives on another rank (only the first
+    rows, as many as were received, are its value; the rest is room for
+    every token of every rank); `layout: [2, ranks]` (i64), the tokens this
+    rank sends to each rank and receives from each rank, which
+    `moe.ep_send` and `moe.ep_return` of the same layer use. Not
+    differentiable (indices only).
 
     ```mlir
-    %recv, %local, %sources = moe.all_to_all_dispatch %tokens, %counts {axis = "ep", ranks = 2 : i64}
-        : (tensor<?x64xf32>, tensor<8xi64>) -> (tensor<?x64xf32>, tensor<4xi64>, tensor<2x4xi64>)
+    %local, %layout = moe.ep_route %indices {axis = "ep", ranks = 2 : i64, num_experts = 8 : i64}
+        : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x2xi64>)
     ```
   }];
-  let arguments = (ins Moe_Tensor:$tokens, RankedTensorOf<[I64]>:$counts, StrAttr:$axis, I64Attr:$ranks);
-  let results = (outs Moe_Tensor:$received, RankedTensorOf<[I64]>:$local_counts,
-                 RankedTensorOf<[I64]>:$source_counts);
-  let assemblyFormat = "$tokens `,` $counts attr-dict `:` functional-type(operands, results)";
+  let arguments = (ins Moe_IndexTensor:$indices, StrAttr:$axis, I64Attr:$ranks, I64Attr:$num_experts);
+  let results = (outs Moe_IndexTensor:$local_indices, RankedTensorOf<[I64]>:$layout);
+  let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
-def Moe_AllToAllCombineOp : Moe_Op<"all_to_all_combine", [Pure,
-    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface>]> {
-  let summary = "Returns expert outputs to the ranks their rows came from (expert parallel).";
+def Moe_EpSendOp : Moe_Op<"ep_send", [Pure,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Sends each token's row to the ranks that hold its experts (expert parallel).";
   let description = [{
-    The inverse of `moe.all_to_all_dispatch`: `rows: [ranks N, D]` in the
-    received layout (`source_counts: [ranks, E / ranks]`) go back to their
-    source ranks; the result `[N, D]` is this rank's rows in its dispatch
-    order (`counts: [E]`, grouped by global expert), ready for
-    `moe.combine`. Its backward sends the gradients out again the way the
-    dispatch did, with the layout already known.
+    `input: [T, W]` holds one row per token of this rank (the hidden state,
+    or the router weights); each row goes to the ranks `layout` (from
+    `moe.ep_route`) names. The result `[ranks T, W]` holds the rows this rank
+    receives in the order of `moe.ep_route`'s `local_indices` (the rest is
+    room). The backward is `moe.ep_return` of the gradient: a token's
+    gradient is the sum of what every rank it went to computes.
 
     ```mlir
-    %back = moe.all_to_all_combine %y, %sources, %counts {axis = "ep", ranks = 2 : i64}
-        : (tensor<?x64xf32>, tensor<2x4xi64>, tensor<8xi64>) -> tensor<?x64xf32>
+    %rows = moe.ep_send %x, %layout {axis = "ep", ranks = 2 : i64}
+        : (tensor<?x64xf32>, tensor<2x2xi64>) -> tensor<?x64xf32>
     ```
   }];
-  let arguments = (ins Moe_Tensor:$rows, RankedTensorOf<[I64]>:$source_counts,
-                   RankedTensorOf<[I64]>:$counts, StrAttr:$axis, I64Attr:$ranks);
+  let arguments = (ins Moe_Tensor:$input, RankedTensorOf<[I64]>:$layout, StrAttr:$axis, I64Attr:$ranks);
   let results = (outs Moe_Tensor:$result);
-  let assemblyFormat = "$rows `,` $source_counts `,` $counts attr-dict `:` functional-type(operands, results)";
+  let assemblyFormat = "$input `,` $layout attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Returns each received token's row to its source rank, summed there (expert parallel).";
+  let description = [{
+    The inverse of `moe.ep_send`: `input: [ranks T, W]` holds a row per
+    received token (a rank's partial sum of its experts' outputs); each goes
+    back to the rank it came from, and the result `[T, W]` is, per token of
+    this rank, the sum over the ranks it went to, in rank order (f32
+    accumulation). The backward is `moe.ep_send` of the gradient.
+
+    ```mlir
+    %y = moe.ep_return %partial, %layout {axis = "ep", ranks = 2 : i64}
+        : (tensor<?x64xf32>, tensor<2x2xi64>) -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, RankedTensorOf<[I64]>:$layout, StrAttr:$axis, I64Attr:$ranks);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $layout attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 

@@ -564,35 +564,38 @@ LogicalResult LMHeadCrossEntropyOp::verify() {
   return success();
 }
 
-LogicalResult AllToAllDispatchOp::verify() {
-  Checker c(*this);
-  int64_t ranks = getRanks(), experts = tensorType(getCounts()).getDimSize(0);
-  if (ranks < 1 || experts % ranks != 0)
-    return emitOpError("needs ranks >= 1 dividing the ") << experts << " experts, got " << ranks;
-  return success(c.rank("tokens", getTokens(), 2) && c.rank("counts", getCounts(), 1) &&
-                 c.rank("received", getReceived(), 2) &&
-                 c.sameDim("tokens", getTokens(), 1, "received", getReceived(), 1) &&
-                 c.sameElementType("tokens", getTokens(), "received", getReceived()) &&
-                 c.rank("local_counts", getLocalCounts(), 1) &&
-                 c.dim("local_counts", getLocalCounts(), 0, experts / ranks, "experts per rank") &&
-                 c.rank("source_counts", getSourceCounts(), 2) &&
-                 c.dim("source_counts", getSourceCounts(), 0, ranks, "ranks") &&
-                 c.dim("source_counts", getSourceCounts(), 1, experts / ranks, "experts per rank"));
+/// An expert-parallel layout: [2, ranks] (tokens sent to and received from each rank).
+static bool epLayout(Checker &c, Value layout, int64_t ranks) {
+  return c.rank("layout", layout, 2) && c.dim("layout", layout, 0, 2, "sent and received") &&
+         c.dim("layout", layout, 1, ranks, "ranks");
 }
 
-LogicalResult AllToAllCombineOp::verify() {
+LogicalResult EpRouteOp::verify() {
   Checker c(*this);
-  int64_t ranks = getRanks(), experts = tensorType(getCounts()).getDimSize(0);
-  if (ranks < 1 || experts % ranks != 0)
-    return emitOpError("needs ranks >= 1 dividing the ") << experts << " experts, got " << ranks;
-  return success(c.rank("rows", getRows(), 2) && c.rank("counts", getCounts(), 1) &&
-                 c.rank("source_counts", getSourceCounts(), 2) &&
-                 c.dim("source_counts", getSourceCounts(), 0, ranks, "ranks") &&
-                 c.dim("source_counts", getSourceCounts(), 1, experts / ranks, "experts per rank") &&
-                 c.rank("result", getResult(), 2) &&
-                 c.sameDim("rows", getRows(), 1, "result", getResult(), 1) &&
-                 c.sameElementType("rows", getRows(), "result", getResult()));
+  int64_t ranks = getRanks(), experts = getNumExperts();
+  if (ranks < 1 || experts < 1 || experts % ranks != 0)
+    return emitOpError("needs ranks >= 1 dividing num_experts, got ranks = ") << ranks << " and num_experts = "
+                                                                             << experts;
+  return success(c.rank("indices", getIndices(), 2) && c.rank("local_indices", getLocalIndices(), 2) &&
+                 c.sameDim("indices", getIndices(), 1, "local_indices", getLocalIndices(), 1) &&
+                 c.sameElementType("indices", getIndices(), "local_indices", getLocalIndices()) &&
+                 epLayout(c, getLayout(), ranks));
 }
+
+/// ep_send and ep_return: rows in, rows out, the same width and element type.
+template <typename Op>
+static LogicalResult verifyEpRows(Op op) {
+  Checker c(op);
+  if (op.getRanks() < 1)
+    return op.emitOpError("needs ranks >= 1, got ") << op.getRanks();
+  return success(c.rank("input", op.getInput(), 2) && c.rank("result", op.getResult(), 2) &&
+                 c.sameDim("input", op.getInput(), 1, "result", op.getResult(), 1) &&
+                 c.sameElementType("input", op.getInput(), "result", op.getResult()) &&
+                 epLayout(c, op.getLayout(), op.getRanks()));
+}
+
+LogicalResult EpSendOp::verify() { return verifyEpRows(*this); }
+LogicalResult EpReturnOp::verify() { return verifyEpRows(*this); }
 
 LogicalResult MicrobatchOp::verify() {
   int64_t index = getIndex(), count = getCount();

@@ -1,4 +1,4 @@
-//===- PropagateSharding.cpp - the mesh and the expert all-to-all ---------===//
+//===- PropagateSharding.cpp - the mesh and expert parallelism ------------===//
 
 #include "passes/propagate_sharding/PropagateSharding.h"
 
@@ -70,7 +70,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     return success();
   }
 
-  /// Splits every expert MLP's parameters over ep and routes its rows through the all-to-all.
+  /// Splits every expert MLP's parameters over ep and sends each token to its experts' ranks.
   LogicalResult splitExperts(moe::ModelOp model, int64_t ranks) {
     SmallVector<moe::ExpertMLPOp> mlps;
     model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
@@ -100,20 +100,43 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       auto dispatch = mlp.getTokens().getDefiningOp<moe::DispatchOp>();
       if (!dispatch || dispatch.getCounts() != mlp.getCounts())
         return mlp.emitOpError("does not read a moe.dispatch's tokens and counts; cannot route it over ep");
-      b.setInsertionPoint(mlp);
-      auto counts = cast<RankedTensorType>(mlp.getCounts().getType());
-      auto local = RankedTensorType::get({experts / ranks}, counts.getElementType());
-      auto sources = RankedTensorType::get({ranks, experts / ranks}, counts.getElementType());
-      auto exchange = b.create<moe::AllToAllDispatchOp>(
-          mlp.getLoc(), TypeRange{mlp.getTokens().getType(), local, sources}, mlp.getTokens(), mlp.getCounts(),
-          axis, ranksAttr);
-      mlp.getTokensMutable().assign(exchange.getReceived());
-      mlp.getCountsMutable().assign(exchange.getLocalCounts());
-      b.setInsertionPointAfter(mlp);
-      auto back = b.create<moe::AllToAllCombineOp>(mlp.getLoc(), mlp.getType(), mlp.getResult(),
-                                                   exchange.getSourceCounts(), dispatch.getCounts(), axis,
-                                                   ranksAttr);
-      mlp.getResult().replaceAllUsesExcept(back.getResult(), back);
+      moe::CombineOp combine;
+      for (Operation *user : mlp->getUsers())
+        if (auto c = dyn_cast<moe::CombineOp>(user); c && c.getExpertOutput() == mlp.getResult() &&
+                                                    c.getIndices() == dispatch.getIndices())
+          combine = c;
+      if (!combine || !mlp->hasOneUse())
+        return mlp.emitOpError("is not read by exactly one moe.combine with its dispatch's indices; cannot "
+                               "route it over ep");
+      // The route, the sends and the return surround the unchanged local computation.
+      b.setInsertionPoint(dispatch);
+      auto indices = cast<RankedTensorType>(dispatch.getIndices().getType());
+      auto localIndices = RankedTensorType::get({ShapedType::kDynamic, indices.getDimSize(1)},
+                                                indices.getElementType());
+      auto layoutType = RankedTensorType::get({2, ranks}, b.getI64Type());
+      auto route = b.create<moe::EpRouteOp>(dispatch.getLoc(), TypeRange{localIndices, layoutType},
+                                            dispatch.getIndices(), axis, ranksAttr,
+                                            b.getI64IntegerAttr(experts));
+      auto rows = [&](Value v) {
+        auto type = cast<RankedTensorType>(v.getType());
+        return RankedTensorType::get({ShapedType::kDynamic, type.getDimSize(1)}, type.getElementType());
+      };
+      auto sendX = b.create<moe::EpSendOp>(dispatch.getLoc(), rows(dispatch.getInput()), dispatch.getInput(),
+                                           route.getLayout(), axis, ranksAttr);
+      dispatch.getInputMutable().assign(sendX.getResult());
+      dispatch.getIndicesMutable().assign(route.getLocalIndices());
+      dispatch.setNumExperts(experts / ranks);
+      dispatch.getCounts().setType(RankedTensorType::get(
+          {experts / ranks}, cast<RankedTensorType>(dispatch.getCounts().getType()).getElementType()));
+      b.setInsertionPoint(combine);
+      auto sendW = b.create<moe::EpSendOp>(combine.getLoc(), rows(combine.getWeights()), combine.getWeights(),
+                                           route.getLayout(), axis, ranksAttr);
+      combine.getIndicesMutable().assign(route.getLocalIndices());
+      combine.getWeightsMutable().assign(sendW.getResult());
+      b.setInsertionPointAfter(combine);
+      auto back = b.create<moe::EpReturnOp>(combine.getLoc(), combine.getType(), combine.getResult(),
+                                            route.getLayout(), axis, ranksAttr);
+      combine.getResult().replaceAllUsesExcept(back.getResult(), back);
     }
     return success();
   }

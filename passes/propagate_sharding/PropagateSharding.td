@@ -20,12 +20,15 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     reads (weights, biases, expert adapters: each rank trains its experts'
     adapters) gets `sharding
     #moe.sharding<[ep, ...]>` and its `moe.weight` the type of one rank's
-    part. Around the expert MLP, `moe.all_to_all_dispatch` sends each
-    dispatched row to its expert's rank (with this rank's counts per local
-    expert, and the layout the way back needs) and `moe.all_to_all_combine`
-    returns the results to the rows' ranks before `moe.combine`. Routing is
-    computed on every rank for its own tokens, so the router, dispatch and
-    combine are unchanged.
+    part. Each token then travels once to every rank that holds one of its
+    experts, not once per expert (top-8 of 128 experts over 2 ranks: one
+    copy per rank instead of about four): `moe.ep_route` decides where each
+    token goes and gives the received tokens' experts as local numbers (-1:
+    on another rank), `moe.ep_send` sends the hidden state and the router
+    weights, the local `moe.dispatch` / `moe.expert_mlp` / `moe.combine`
+    run on the received tokens (this rank's share of each token's sum), and
+    `moe.ep_return` brings each partial sum back to its token's rank, where
+    the ranks' parts are added. The backward of each exchange is the other.
 
     Tensor parallel (`tp`): the heads of every `moe.attention` whose
     projections can be traced split over the `tp` ranks, by the ops'
@@ -60,11 +63,13 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     After:
     ```mlir
     %up = moe.weight @experts_up : tensor<4x32x16xf32>
-    %tokens, %counts = moe.dispatch %x, %indices {num_experts = 8 : i64} : ...
-    %recv, %local, %sources = moe.all_to_all_dispatch %tokens, %counts {axis = "ep", ranks = 2 : i64} : ...
-    %y = moe.expert_mlp %recv, %local, up %up, down %down gate %gate {...}
-    %back = moe.all_to_all_combine %y, %sources, %counts {axis = "ep", ranks = 2 : i64} : ...
-    %out = moe.combine %back, %indices, %weights : ...
+    %local, %layout = moe.ep_route %indices {axis = "ep", num_experts = 8 : i64, ranks = 2 : i64} : ...
+    %rx = moe.ep_send %x, %layout {axis = "ep", ranks = 2 : i64} : ...
+    %rw = moe.ep_send %weights, %layout {axis = "ep", ranks = 2 : i64} : ...
+    %tokens, %counts = moe.dispatch %rx, %local {num_experts = 4 : i64} : ...
+    %y = moe.expert_mlp %tokens, %counts, up %up, down %down gate %gate {...}
+    %part = moe.combine %y, %local, %rw : ...
+    %out = moe.ep_return %part, %layout {axis = "ep", ranks = 2 : i64} : ...
     ```
   }];
   let options = [

@@ -1,11 +1,14 @@
 //===- CpuDevice.cpp - host memory and the CPU kernels --------------------===//
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "runtime/exec/Device.h"
 #include "runtime/kernels/cpu/CpuKernels.h"
 #include "runtime/kernels/cpu/Gemm.h"
+#include "runtime/plan/PlanFormat.h"
 #include "runtime/weights/DType.h"
 
 namespace moec::runtime {
@@ -42,6 +45,23 @@ public:
   }
   absl::Status zero(void *dst, size_t bytes) override {
     std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
+                       plan::DType dtype) override {
+    if (dtype != plan::F32) // bf16 plans run as f32 here (emulatesBf16)
+      return absl::InvalidArgumentError(std::string("sumRows on the CPU takes f32 rows, got ") +
+                                        plan::dtypeName(dtype));
+    auto *out = static_cast<float *>(dst);
+    const auto *in = static_cast<const float *>(src);
+    for (size_t t = 0; t < rows.size() / perRow; ++t) {
+      float *y = out + t * width;
+      std::fill_n(y, width, 0.0f);
+      for (size_t s = 0; s < perRow; ++s)
+        if (int64_t row = rows[t * perRow + s]; row >= 0)
+          for (size_t d = 0; d < width; ++d)
+            y[d] += in[static_cast<size_t>(row) * width + d];
+    }
     return absl::OkStatus();
   }
   absl::Status synchronize() override { return absl::OkStatus(); }

@@ -52,6 +52,12 @@ public:
         return s;
     return absl::OkStatus();
   }
+  /// dst row t = the sum of `perRow` rows of `src`, rows[t perRow + s] for s in order (a
+  /// negative entry adds nothing), accumulated in f32; `rows.size() / perRow` rows of `width`
+  /// elements of `dtype` (f32 or bf16), ordered with the kernels (the expert exchange adds a
+  /// token's partial sums from the ranks it went to).
+  virtual absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
+                               size_t width, plan::DType dtype) = 0;
   /// Waits for every kernel launched so far; reports an asynchronous failure.
   virtual absl::Status synchronize() = 0;
   /// What kernels get as ctx.stream / ctx.pool.

@@ -294,22 +294,17 @@ absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
                               const google::protobuf::Map<std::string, plan::Attr> &attrs,
                               const std::vector<uint32_t> &inputs, const std::vector<uint32_t> &outputs,
                               bool zeroOutputs) {
-  // Rows an expert exchange filled in this run: a launch that reads such a buffer sees only
-  // those rows, and so do its other activations with the same rows (the expert MLP's result,
-  // its gradients). The rest is room for rows no rank sent; nothing reads it.
-  int64_t room = 0, valid = 0;
-  for (uint32_t id : inputs)
-    if (auto it = receivedRows.find(id); it != receivedRows.end()) {
-      room = rankProto->buffers(static_cast<int>(id)).shape(0);
-      valid = it->second;
-      break;
-    }
+  // Buffers whose rows follow an expert route's received rows (plan.proto
+  // Buffer.received_rows_of): a launch sees only the rows received in this run, in proportion.
+  // The rest is room for tokens no rank sent; nothing reads it.
   auto view = [&](uint32_t id) {
     TensorRef ref = buffer(id);
-    plan::Role role = rankProto->buffers(static_cast<int>(id)).role();
-    if (room && !ref.shape.empty() && ref.shape[0] == room &&
-        (role == plan::ACTIVATION || role == plan::WORKSPACE))
-      ref.shape[0] = valid;
+    uint32_t of = rankProto->buffers(static_cast<int>(id)).received_rows_of();
+    if (of == 0 || ref.shape.empty())
+      return ref;
+    auto it = receivedRows.find(of - 1);
+    if (it != receivedRows.end())
+      ref.shape[0] = it->second * (ref.shape[0] / rankProto->buffers(static_cast<int>(of - 1)).shape(0));
     return ref;
   };
   std::vector<TensorRef> in, out;
@@ -351,8 +346,8 @@ absl::Status Executor::invokeOn(const KernelFn &fn, const std::string &kernel,
 absl::Status Executor::run(const std::function<void(int)> &afterStep) {
   if (profile)
     profile->startRun();
-  exchangeLayouts.clear(); // this run's counts are new
-  receivedRows.clear();
+  receivedRows.clear(); // this run's routes are new
+  routes.clear();
   for (int s = 0; s < rankProto->steps_size(); ++s) {
     const plan::Step &step = rankProto->steps(s);
     issuing = s;
@@ -422,8 +417,8 @@ absl::Status Executor::collective(const plan::Collective &collective) {
         "] needs a communicator per group: run every rank (moe-run --nproc ", plan->ranks_size(), ")"));
   }
   comm::Communicator &comm = *communicators[collective.group()];
-  if (collective.kind() == plan::Collective::EXPERT_DISPATCH ||
-      collective.kind() == plan::Collective::EXPERT_COMBINE) {
+  if (collective.kind() == plan::Collective::EXPERT_ROUTE || collective.kind() == plan::Collective::EXPERT_SEND ||
+      collective.kind() == plan::Collective::EXPERT_RETURN) {
     absl::Status s = expertExchange(collective, comm);
     if (!s.ok())
       return absl::Status(s.code(), absl::StrCat(plan::collectiveKindName(collective.kind()), " over ",

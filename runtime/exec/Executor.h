@@ -111,9 +111,9 @@ public:
     exchangeTime[0] = exchangeTime[1] = 0;
   }
   double collectiveSeconds() const { return collectiveTime; }
-  /// Of that, the expert exchange's parts: "messages X ms, regrouping Y ms".
+  /// Of that, the expert exchange's parts: "messages X ms, gathering and summing Y ms".
   std::string exchangeBreakdown() const;
-  /// The step the host is issuing now ("step 12 (expert_dispatch) [moe.all_to_all_dispatch in
+  /// The step the host is issuing now ("step 12 (expert_send) [moe.ep_send in
   /// @..[3]]"), for a watchdog on another thread; the device may be behind it.
   std::string issuingStep() const;
 
@@ -134,9 +134,10 @@ private:
   absl::Status roundEmulated(const std::vector<uint32_t> &ids);
   /// Runs a Collective step on its group's communicator.
   absl::Status collective(const plan::Collective &collective);
-  /// EXPERT_DISPATCH / EXPERT_COMBINE (plan.proto): the counts to the host, one message per
-  /// pair of ranks, and one copy kernel that regroups rows by expert (or back).
+  /// EXPERT_ROUTE / EXPERT_SEND / EXPERT_RETURN (plan.proto): the route on the host from the
+  /// experts' indices, then one message per pair of ranks, gathered (or summed) by one kernel.
   absl::Status expertExchange(const plan::Collective &collective, comm::Communicator &comm);
+  absl::Status expertRoute(const plan::Collective &collective, comm::Communicator &comm);
   /// The expert exchange's rows in flight, grouped by source rank: grown on demand, kept.
   absl::Status reserveStaging(size_t bytes);
 
@@ -153,14 +154,20 @@ private:
   bool syncEachStep = false;
   void *staging = nullptr;
   size_t stagingBytes = 0;
-  /// Host copies of each expert exchange's counts and layout in this run, by their buffers
-  /// (counts, source_counts).
-  std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<int64_t>, std::vector<int64_t>>> exchangeLayouts;
-  /// Rows each expert dispatch received in this run, by its result buffer (see invoke()).
+  /// An expert route of this run, on the host: which of this rank's tokens go to which rank.
+  struct ExpertRoute {
+    std::vector<size_t> sent, received; // tokens to and from each rank of the group
+    std::vector<int64_t> tokensSent;    // the sent tokens, grouped by destination rank
+    std::vector<int64_t> rowOf;         // [tokens, ranks]: a token's row among them, or -1
+  };
+  /// Each route of this run by its layout buffer (the sends and returns of its layer read it;
+  /// a recomputed route writes it again).
+  std::map<uint32_t, ExpertRoute> routes;
+  /// Rows each expert route received in this run, by its received-indices buffer (see invoke()).
   std::map<uint32_t, int64_t> receivedRows;
   bool timeCollectives = false;
   double collectiveTime = 0;
-  double exchangeTime[2] = {0, 0}; // messages, regrouping
+  double exchangeTime[2] = {0, 0}; // messages, gathering and summing rows
   std::atomic<int> issuing{-1};
 };
 

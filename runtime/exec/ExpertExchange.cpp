@@ -1,107 +1,140 @@
-//===- ExpertExchange.cpp - the executor's expert all-to-all ---------------===//
+//===- ExpertExchange.cpp - the executor's expert exchange -----------------===//
 //
-// EXPERT_DISPATCH and EXPERT_COMBINE (plan.proto): expert parallelism's
-// exchange of rows. The counts go to the host once per layer (NCCL needs
-// message sizes there); each pair of ranks exchanges one message into a
-// staging buffer grouped by source rank, and one copy kernel
-// (Device::copyBlocks) regroups the rows by local expert (or back).
+// EXPERT_ROUTE, EXPERT_SEND and EXPERT_RETURN (plan.proto): expert
+// parallelism moves each token once to every rank holding one of its experts.
+// The route reads the tokens' experts to the host (NCCL needs message sizes
+// there; one wait for the device per layer), decides the destinations, swaps
+// the counts with the other ranks and sends each token's experts as local
+// numbers. A send gathers the tokens' rows per destination with one copy
+// kernel (Device::copyBlocks) and exchanges one message per pair of ranks; a
+// return exchanges the other way and adds each token's rows from its ranks
+// with one kernel (Device::sumRows).
 //
 //===----------------------------------------------------------------------===//
 
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/exec/Executor.h"
 
 namespace moec::runtime {
 
-absl::Status Executor::expertExchange(const plan::Collective &collective, comm::Communicator &comm) {
-  bool dispatch = collective.kind() == plan::Collective::EXPERT_DISPATCH;
-  bool exchangeCounts = dispatch && collective.inputs_size() == 2;
-  TensorRef rows = buffer(collective.inputs(0)), result = buffer(collective.outputs(0));
-  TensorRef counts = buffer(collective.inputs(dispatch ? 1 : 2));
-  TensorRef sources = buffer(exchangeCounts ? collective.outputs(2) : collective.inputs(dispatch ? 2 : 1));
+namespace {
+
+using Segment = comm::Communicator::Segment;
+
+/// One segment per rank, `width` elements per row, rows counted per rank in rank order.
+std::vector<Segment> segments(const std::vector<size_t> &rows, size_t width) {
+  std::vector<Segment> out;
+  size_t at = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    out.push_back({static_cast<int>(r), at * width, rows[r] * width});
+    at += rows[r];
+  }
+  return out;
+}
+
+size_t total(const std::vector<size_t> &counts) { return std::accumulate(counts.begin(), counts.end(), size_t{0}); }
+
+} // namespace
+
+absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Communicator &comm) {
+  TensorRef indices = buffer(collective.inputs(0)), local = buffer(collective.outputs(0));
+  TensorRef layout = buffer(collective.outputs(1));
   int n = comm.size();
-  int64_t experts = counts.numel(), local = experts / n, width = rows.dim(1);
-  // The counts decide the sizes NCCL needs on the host: the dispatch that exchanges them
-  // synchronises once; the combine and both backwards of that layer reuse what it read
-  // (the counts and layout buffers are not written again before their last use).
-  uint32_t countsId = collective.inputs(dispatch ? 1 : 2);
-  uint32_t sourcesId = exchangeCounts ? collective.outputs(2) : collective.inputs(dispatch ? 2 : 1);
-  auto known = exchangeCounts ? exchangeLayouts.end() : exchangeLayouts.find({countsId, sourcesId});
-  std::vector<int64_t> perExpert(static_cast<size_t>(experts)), perSource(static_cast<size_t>(n * local));
-  if (known != exchangeLayouts.end()) {
-    perExpert = known->second.first;
-    perSource = known->second.second;
-  } else {
-    if (exchangeCounts) {
-      // Rank j learns how many rows of each of its experts every rank sends it (fixed sizes:
-      // no host counts needed), before the one wait for the device below.
-      std::vector<size_t> blocks(static_cast<size_t>(n), static_cast<size_t>(local));
-      if (absl::Status s = comm.allToAll(counts.data, blocks, sources.data, blocks, plan::I64); !s.ok())
-        return s;
-    }
-    if (absl::Status s = dev->download(perExpert.data(), counts.data, perExpert.size() * sizeof(int64_t)); !s.ok())
+  int64_t tokens = indices.dim(0), k = indices.dim(1), experts = collective.num_experts();
+  int64_t perRank = experts / n;
+  size_t element = comm::elementBytes(indices.dtype);
+  std::vector<int64_t> chosen(static_cast<size_t>(tokens * k));
+  {
+    std::vector<char> raw(chosen.size() * element);
+    if (absl::Status s = dev->download(raw.data(), indices.data, raw.size()); !s.ok())
       return s;
-    if (absl::Status s = dev->download(perSource.data(), sources.data, perSource.size() * sizeof(int64_t)); !s.ok())
-      return s;
-    exchangeLayouts[{countsId, sourcesId}] = {perExpert, perSource};
+    for (size_t i = 0; i < chosen.size(); ++i)
+      chosen[i] = indices.dtype == plan::I64 ? reinterpret_cast<const int64_t *>(raw.data())[i]
+                                             : reinterpret_cast<const int32_t *>(raw.data())[i];
   }
-  if (exchangeCounts) {
-    std::vector<int64_t> localCounts(static_cast<size_t>(local), 0);
-    for (int src = 0; src < n; ++src)
-      for (int64_t e = 0; e < local; ++e)
-        localCounts[e] += perSource[src * local + e];
-    TensorRef out = buffer(collective.outputs(1));
-    if (absl::Status s = dev->uploadStaged(out.data, localCounts.data(), localCounts.size() * sizeof(int64_t));
-        !s.ok())
-      return s;
-  }
-  // Rank side: rows grouped by global expert, so the rows for rank j (experts
-  // [j local, (j+1) local)) are one run. They travel as one message per pair of ranks into
-  // staging, grouped by source; one copy kernel regroups them by local expert, then source
-  // (and the combine does the reverse).
-  size_t element = comm::elementBytes(rows.dtype), rowBytes = static_cast<size_t>(width) * element;
-  using Segment = comm::Communicator::Segment;
-  std::vector<Segment> rankSide, stagingSide;
-  size_t sent = 0;
-  for (int j = 0; j < n; ++j) {
-    size_t count = 0;
-    for (int64_t e = 0; e < local; ++e)
-      count += static_cast<size_t>(perExpert[j * local + e]);
-    rankSide.push_back({j, sent * width, count * width});
-    sent += count;
-  }
-  std::vector<size_t> firstOf(static_cast<size_t>(n * local));
-  size_t received = 0;
-  for (int64_t e = 0; e < local; ++e)
-    for (int src = 0; src < n; ++src) {
-      firstOf[src * local + e] = received;
-      received += static_cast<size_t>(perSource[src * local + e]);
+  ExpertRoute route;
+  route.sent.assign(static_cast<size_t>(n), 0);
+  route.rowOf.assign(static_cast<size_t>(tokens * n), -1);
+  std::vector<std::vector<int64_t>> to(static_cast<size_t>(n));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t e = chosen[t * k + j];
+      if (e < 0 || e >= experts)
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, " chose expert ", e, ", outside [0, ", experts, ")"));
+      std::vector<int64_t> &list = to[static_cast<size_t>(e / perRank)];
+      if (list.empty() || list.back() != t)
+        list.push_back(t);
     }
-  std::vector<Device::Block> regroup; // staging (by source) -> expert side (by expert)
-  size_t staged = 0;
-  for (int src = 0; src < n; ++src) {
-    size_t from = staged;
-    for (int64_t e = 0; e < local; ++e) {
-      size_t count = static_cast<size_t>(perSource[src * local + e]);
-      regroup.push_back({firstOf[src * local + e] * rowBytes, staged * rowBytes, count * rowBytes});
-      staged += count;
+  std::vector<int32_t> localI32;
+  std::vector<int64_t> localI64;
+  for (int r = 0; r < n; ++r)
+    for (int64_t t : to[r]) {
+      route.rowOf[t * n + r] = static_cast<int64_t>(route.tokensSent.size());
+      route.tokensSent.push_back(t);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t e = chosen[t * k + j], mine = e / perRank == r ? e - r * perRank : -1;
+        if (indices.dtype == plan::I64)
+          localI64.push_back(mine);
+        else
+          localI32.push_back(static_cast<int32_t>(mine));
+      }
     }
-    stagingSide.push_back({src, from * width, (staged - from) * width});
-  }
-  size_t rankRows = static_cast<size_t>((dispatch ? rows : result).dim(0));
-  size_t expertRows = static_cast<size_t>((dispatch ? result : rows).dim(0));
-  if (sent > rankRows || received > expertRows)
-    return absl::InternalError(absl::StrCat(sent, " rows of this rank and ", received,
-                                            " rows of its experts do not fit ", rankRows, " and ", expertRows,
-                                            " rows"));
-  if (absl::Status s = reserveStaging(received * rowBytes); !s.ok())
+  for (int r = 0; r < n; ++r)
+    route.sent[r] = to[r].size();
+  // The counts: row 0 of the layout is what this rank sends to each rank, row 1 (after the
+  // swap) what it receives from each.
+  std::vector<int64_t> counts(route.sent.begin(), route.sent.end());
+  if (absl::Status s = dev->uploadStaged(layout.data, counts.data(), counts.size() * sizeof(int64_t)); !s.ok())
     return s;
-  if (dispatch) // the launches that read them see these rows only
-    receivedRows[collective.outputs(0)] = static_cast<int64_t>(received);
+  std::vector<size_t> one(static_cast<size_t>(n), 1);
+  auto *rows = static_cast<int64_t *>(layout.data);
+  if (absl::Status s = comm.allToAll(rows, one, rows + n, one, plan::I64); !s.ok())
+    return s;
+  if (absl::Status s = dev->download(counts.data(), rows + n, counts.size() * sizeof(int64_t)); !s.ok())
+    return s;
+  route.received.assign(counts.begin(), counts.end());
+  size_t received = total(route.received);
+  if (route.tokensSent.size() > static_cast<size_t>(tokens) * n || received > static_cast<size_t>(local.dim(0)))
+    return absl::InternalError(absl::StrCat("the route sends ", route.tokensSent.size(), " tokens and receives ",
+                                            received, "; room is ", local.dim(0), " rows"));
+  size_t bytes = route.tokensSent.size() * static_cast<size_t>(k) * element;
+  if (absl::Status s = reserveStaging(std::max<size_t>(bytes, 1)); !s.ok())
+    return s;
+  const void *host = indices.dtype == plan::I64 ? static_cast<const void *>(localI64.data())
+                                                : static_cast<const void *>(localI32.data());
+  if (bytes)
+    if (absl::Status s = dev->uploadStaged(staging, host, bytes); !s.ok())
+      return s;
+  if (absl::Status s = comm.exchange(staging, segments(route.sent, static_cast<size_t>(k)), local.data,
+                                     segments(route.received, static_cast<size_t>(k)), indices.dtype);
+      !s.ok())
+    return s;
+  receivedRows[collective.outputs(0)] = static_cast<int64_t>(received);
+  routes[collective.outputs(1)] = std::move(route);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::expertExchange(const plan::Collective &collective, comm::Communicator &comm) {
+  if (collective.kind() == plan::Collective::EXPERT_ROUTE)
+    return expertRoute(collective, comm);
+  bool send = collective.kind() == plan::Collective::EXPERT_SEND;
+  auto found = routes.find(collective.inputs(1));
+  if (found == routes.end())
+    return absl::FailedPreconditionError(
+        absl::StrCat("no expert route wrote layout '", rankProto->buffers(collective.inputs(1)).name(),
+                     "' in this run (the plan must route before it sends or returns)"));
+  const ExpertRoute &route = found->second;
+  TensorRef rows = buffer(collective.inputs(0)), result = buffer(collective.outputs(0));
+  size_t width = static_cast<size_t>(rows.dim(1)), rowBytes = width * comm::elementBytes(rows.dtype);
+  size_t sent = route.tokensSent.size();
+  if (absl::Status s = reserveStaging(std::max<size_t>(sent * rowBytes, 1)); !s.ok())
+    return s;
   // With collectives timed: each part's time on its own (a synchronisation after each).
   auto part = [&](int which, const std::function<absl::Status()> &work) -> absl::Status {
     auto start = std::chrono::steady_clock::now();
@@ -112,23 +145,28 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
       exchangeTime[which] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   };
-  if (dispatch) {
-    // Rows past the received ones are not written: no launch sees them (invoke()).
-    if (absl::Status s = part(0, [&] { return comm.exchange(rows.data, rankSide, staging, stagingSide, rows.dtype); });
-        !s.ok())
+  std::vector<Segment> tokenSide = segments(route.sent, width), expertSide = segments(route.received, width);
+  if (send) {
+    // Rows past the received ones are not written: launches see the received rows only.
+    std::vector<Device::Block> gather;
+    gather.reserve(sent);
+    for (size_t p = 0; p < sent; ++p)
+      gather.push_back({p * rowBytes, static_cast<size_t>(route.tokensSent[p]) * rowBytes, rowBytes});
+    if (absl::Status s = part(1, [&] { return dev->copyBlocks(staging, rows.data, gather); }); !s.ok())
       return s;
-    return part(1, [&] { return dev->copyBlocks(result.data, staging, regroup); });
+    return part(0, [&] { return comm.exchange(staging, tokenSide, result.data, expertSide, rows.dtype); });
   }
-  for (Device::Block &b : regroup)
-    std::swap(b.to, b.from);
-  if (absl::Status s = part(1, [&] { return dev->copyBlocks(staging, rows.data, regroup); }); !s.ok())
+  if (absl::Status s = part(0, [&] { return comm.exchange(rows.data, expertSide, staging, tokenSide, rows.dtype); });
+      !s.ok())
     return s;
-  return part(0, [&] { return comm.exchange(staging, stagingSide, result.data, rankSide, rows.dtype); });
+  return part(1, [&] {
+    return dev->sumRows(result.data, staging, route.rowOf, static_cast<size_t>(comm.size()), width, rows.dtype);
+  });
 }
 
 std::string Executor::exchangeBreakdown() const {
   char text[160];
-  std::snprintf(text, sizeof text, "messages %.1f ms, regrouping %.1f ms", exchangeTime[0] * 1e3,
+  std::snprintf(text, sizeof text, "messages %.1f ms, gathering and summing rows %.1f ms", exchangeTime[0] * 1e3,
                 exchangeTime[1] * 1e3);
   return text;
 }

@@ -92,12 +92,14 @@ const char *collectiveKindName(Collective::Kind kind) {
     return "all_to_all";
   case Collective::BROADCAST:
     return "broadcast";
-  case Collective::EXPERT_DISPATCH:
-    return "expert_dispatch";
-  case Collective::EXPERT_COMBINE:
-    return "expert_combine";
   case Collective::SEND_RECV:
     return "send_recv";
+  case Collective::EXPERT_ROUTE:
+    return "expert_route";
+  case Collective::EXPERT_SEND:
+    return "expert_send";
+  case Collective::EXPERT_RETURN:
+    return "expert_return";
   default:
     return "unknown";
   }

@@ -152,7 +152,9 @@ void appendRank(std::string &out, const Rank &rank) {
   for (const Buffer &buffer : rank.buffers())
     absl::StrAppend(&out, "  %", buffer.id(), " ", roleText(buffer.role()), " ", dtypeText(buffer.dtype()), " ",
                     shapeToString(buffer.shape()), " @", buffer.offset(), "+", buffer.size_bytes(), " live ",
-                    buffer.first_step(), "..", buffer.last_step(), " ", quoted(buffer.name()), "\n");
+                    buffer.first_step(), "..", buffer.last_step(), " ", quoted(buffer.name()),
+                    buffer.received_rows_of() ? absl::StrCat(" rows_of %", buffer.received_rows_of() - 1) : "",
+                    "\n");
   for (const WeightBinding &binding : rank.weights())
     absl::StrAppend(&out, "  ", bindingText(binding), "\n");
   for (int s = 0; s < rank.steps_size(); ++s)

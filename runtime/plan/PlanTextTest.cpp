@@ -103,13 +103,13 @@ TEST(PlanText, PrintsInvalidPlansWithoutFailing) {
   rank.mutable_buffers(12)->set_role(static_cast<Role>(42));
   rank.mutable_buffers(12)->set_dtype(DTYPE_UNSPECIFIED);
   rank.mutable_steps(5)->clear_launch();
-  rank.mutable_steps(4)->mutable_collective()->set_kind(static_cast<Collective::Kind>(9));
+  rank.mutable_steps(4)->mutable_collective()->set_kind(static_cast<Collective::Kind>(42));
   std::vector<std::string> lines = linesOf(plan);
   EXPECT_THAT(lines, Contains("optimizer none"));
   EXPECT_THAT(lines, Contains("lora none"));
   EXPECT_THAT(lines, Contains("  %12 unknown(42) unspecified [256,64] @0+32768 live 0..1 \"layer0.x\""));
   EXPECT_THAT(lines, Contains("  #5 fwd L0 s1 <no kind>"));
-  EXPECT_THAT(lines, Contains("  #4 fwd L0 s1 unknown(9) g0 %13 -> %13"));
+  EXPECT_THAT(lines, Contains("  #4 fwd L0 s1 unknown(42) g0 %13 -> %13"));
 }
 
 TEST(PlanText, EscapesNames) {

@@ -428,6 +428,17 @@ private:
       } else {
         ok = false;
       }
+      if (uint32_t of = buffer.received_rows_of(); of != 0) {
+        // The rows follow a route's received rows: a whole multiple of them, and a token buffer.
+        const Buffer *anchor = of - 1 < static_cast<uint32_t>(rank.buffers_size()) ? &rank.buffers(of - 1) : nullptr;
+        if (!anchor || anchor->shape_size() != 2 || buffer.shape_size() < 1 ||
+            buffer.shape(0) % std::max<int64_t>(anchor->shape(0), 1) != 0 ||
+            (buffer.role() != ACTIVATION && buffer.role() != WORKSPACE)) {
+          problems.add(at, "received_rows_of is ", of, ", expected 1 + the id of a [rows, k] buffer whose rows divide "
+                       "this activation's or workspace's first dimension");
+          ok = false;
+        }
+      }
       bufferOk[i] = ok;
     }
   }
@@ -650,16 +661,13 @@ private:
   void checkExpertExchange(const std::string &at, const Collective &collective,
                            const std::vector<const Buffer *> &in, const std::vector<const Buffer *> &out,
                            int64_t n) {
-    bool dispatch = collective.kind() == Collective::EXPERT_DISPATCH;
-    bool known = dispatch && in.size() == 3;
-    size_t wantOut = dispatch && !known ? 3 : 1;
-    if ((dispatch && in.size() != 2 && in.size() != 3) || (!dispatch && in.size() != 3) ||
-        out.size() != wantOut) {
+    bool route = collective.kind() == Collective::EXPERT_ROUTE;
+    bool send = collective.kind() == Collective::EXPERT_SEND;
+    size_t wantIn = route ? 1 : 2, wantOut = route ? 2 : 1;
+    if (in.size() != wantIn || out.size() != wantOut) {
       problems.add(at, collectiveKindName(collective.kind()), " has ", in.size(), " inputs and ", out.size(),
                    " outputs, expected ",
-                   dispatch ? "(rows, counts) -> (received, local_counts, source_counts) or (rows, counts, "
-                              "source_counts) -> (received)"
-                            : "(rows, source_counts, counts) -> (result)");
+                   route ? "(indices) -> (local_indices, layout)" : "(rows, layout) -> (result)");
       return;
     }
     for (const Buffer *b : in)
@@ -672,25 +680,23 @@ private:
     auto say = [&](const std::string &what) {
       problems.add(at, collectiveKindName(collective.kind()), ": ", what);
     };
-    // Rows: [N, D] on the rank's side, [n N, D] in the received layout.
-    const Buffer *rows = in[0], *wide = dispatch ? out[0] : in[0], *narrow = dispatch ? in[0] : out[0];
-    const Buffer *counts = dispatch ? in[1] : in[2];
-    const Buffer *sources = dispatch ? (known ? in[2] : out[2]) : in[1];
-    std::vector<int64_t> w = dims(wide), r = dims(narrow), c = dims(counts), sc = dims(sources);
-    if (rows->dtype() != out[0]->dtype())
+    if (route && (collective.num_experts() < n || collective.num_experts() % n != 0))
+      say(absl::StrCat("num_experts is ", collective.num_experts(), ", expected a positive multiple of the group size (",
+                       n, ")"));
+    const Buffer *layout = route ? out[1] : in[1];
+    if (layout->dtype() != I64 || dims(layout) != std::vector<int64_t>{2, n})
+      say(absl::StrCat("layout is ", dtypeName(layout->dtype()), " [", absl::StrJoin(dims(layout), ","),
+                       "], expected i64 [2, ", n, "] (group size ", n, ")"));
+    // Rows: [T, W] on the token's rank, [n T, W] where they are received.
+    const Buffer *narrow = route || send ? in[0] : out[0], *wide = route || send ? out[0] : in[0];
+    std::vector<int64_t> w = dims(wide), r = dims(narrow);
+    if (narrow->dtype() != wide->dtype())
       say("rows and result differ in dtype");
+    if (route && narrow->dtype() != I32 && narrow->dtype() != I64)
+      say(absl::StrCat("indices are ", dtypeName(narrow->dtype()), ", expected i32 or i64"));
     if (w.size() != 2 || r.size() != 2 || w[1] != r[1] || w[0] != n * r[0])
-      say(absl::StrCat("rows are [", absl::StrJoin(r, ","), "] and [", absl::StrJoin(w, ","),
-                       "], expected [N, D] and [", n, " N, D] (group size ", n, ")"));
-    if (counts->dtype() != I64 || sources->dtype() != I64 || c.size() != 1 || c[0] % n != 0 ||
-        sc != std::vector<int64_t>{n, c.empty() ? 0 : c[0] / n})
-      say(absl::StrCat("counts [", absl::StrJoin(c, ","), "] and source_counts [", absl::StrJoin(sc, ","),
-                       "] must be i64 [E] and [", n, ", E / ", n, "] (E divisible by the group size)"));
-    if (dispatch && !known) {
-      std::vector<int64_t> local = dims(out[1]);
-      if (out[1]->dtype() != I64 || local != std::vector<int64_t>{c.empty() ? 0 : c[0] / n})
-        say(absl::StrCat("local_counts is [", absl::StrJoin(local, ","), "], expected i64 [E / ", n, "]"));
-    }
+      say(absl::StrCat("rows are [", absl::StrJoin(r, ","), "] and [", absl::StrJoin(w, ","), "], expected [T, W] and [",
+                       n, " T, W] (group size ", n, ")"));
   }
 
   // inputs[i] pairs with outputs[i]; their sizes follow from the kind and
@@ -703,7 +709,7 @@ private:
                        ? collectiveKindName(collective.kind())
                        : absl::StrCat("unknown (", collective.kind(), ")"),
                    ", expected all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, "
-                   "expert_dispatch, expert_combine or send_recv");
+                   "send_recv, expert_route, expert_send or expert_return");
     int64_t groupSize = 0;
     if (collective.group() >= static_cast<uint32_t>(rank.groups_size())) {
       problems.add(at, "collective.group is ", collective.group(), ", expected < the number of groups (",
@@ -714,8 +720,8 @@ private:
         summary.collectives[collective.group()].push_back({collective.kind(), s});
       }
     }
-    bool exchange = collective.kind() == Collective::EXPERT_DISPATCH ||
-                    collective.kind() == Collective::EXPERT_COMBINE;
+    bool exchange = collective.kind() == Collective::EXPERT_ROUTE || collective.kind() == Collective::EXPERT_SEND ||
+                    collective.kind() == Collective::EXPERT_RETURN;
     bool pointToPoint = collective.kind() == Collective::SEND_RECV;
     if (pointToPoint) {
       if (collective.inputs_size() > 1 || collective.outputs_size() > 1 ||

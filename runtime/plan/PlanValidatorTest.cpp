@@ -18,6 +18,7 @@
 #include "runtime/plan/PlanFormat.h"
 #include "runtime/plan/PlanText.h"
 #include "runtime/plan/TestPlan.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -293,10 +294,10 @@ TEST_F(PlanValidatorTest, AcceptsJoinedAxesAndRejectsARepeatedOne) {
                                          "(\"dp\", \"tp\", \"ep\", \"pp\") joined by '+', each once"));
 }
 
-/// Step 4 of both ranks becomes an expert dispatch over the two-rank group: rows [6, 8] f32
-/// and counts [4] in, received [2 x 6, 8], local counts [2] and source counts [2, 2] out (input
-/// buffers appended past the test plan's inputs, so no live range conflicts).
-void makeExpertDispatch(Plan &plan, std::initializer_list<int64_t> received) {
+/// Step 4 of both ranks becomes an expert route over the two-rank group: indices [6, 2] i32
+/// in, received indices `received` and the layout [2, 2] i64 out (input buffers appended
+/// past the test plan's inputs, so no live range conflicts).
+void makeExpertRoute(Plan &plan, std::initializer_list<int64_t> received, int64_t experts = 4) {
   for (Rank &rank : *plan.mutable_ranks()) {
     int64_t at = 2056;
     auto add = [&](const char *name, DType dtype, std::initializer_list<int64_t> shape) {
@@ -304,39 +305,50 @@ void makeExpertDispatch(Plan &plan, std::initializer_list<int64_t> received) {
       at += rank.buffers(static_cast<int>(id)).size_bytes();
       return id;
     };
-    uint32_t rows = add("rows", F32, {6, 8}), counts = add("counts", I64, {4}),
-             result = add("received", F32, received), local = add("local", I64, {2}),
-             sources = add("sources", I64, {2, 2});
+    uint32_t indices = add("indices", I32, {6, 2}), layout = add("layout", I64, {2, 2}),
+             local = add("local", I32, received);
     for (Arena &arena : *rank.mutable_arenas())
       if (arena.role() == INPUT)
         arena.set_size_bytes(at);
     Collective *c = rank.mutable_steps(4)->mutable_collective();
-    c->set_kind(Collective::EXPERT_DISPATCH);
+    c->set_kind(Collective::EXPERT_ROUTE);
+    c->set_num_experts(experts);
     c->clear_inputs();
     c->clear_outputs();
-    for (uint32_t id : {rows, counts})
-      c->add_inputs(id);
-    for (uint32_t id : {result, local, sources})
+    c->add_inputs(indices);
+    for (uint32_t id : {local, layout})
       c->add_outputs(id);
   }
 }
 
-TEST_F(PlanValidatorTest, AcceptsAnExpertDispatchOfTheRightShapes) {
-  makeExpertDispatch(plan, {12, 8});
+TEST_F(PlanValidatorTest, AcceptsAnExpertRouteOfTheRightShapes) {
+  makeExpertRoute(plan, {12, 2});
   EXPECT_EQ(messageOf(plan), "OK");
 }
 
-TEST_F(PlanValidatorTest, RejectsAnExpertDispatchWithoutRoomForEveryRanksRows) {
-  makeExpertDispatch(plan, {10, 8});
-  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 4 (expert_dispatch): expert_dispatch: rows are [6,8] and "
-                                         "[10,8], expected [N, D] and [2 N, D] (group size 2)"));
+TEST_F(PlanValidatorTest, RejectsAnExpertRouteWithoutRoomForEveryRanksTokens) {
+  makeExpertRoute(plan, {10, 2});
+  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 4 (expert_route): expert_route: rows are [6,2] and "
+                                         "[10,2], expected [T, W] and [2 T, W] (group size 2)"));
 }
 
-TEST_F(PlanValidatorTest, RejectsAnExpertDispatchWithMissingOutputs) {
-  makeExpertDispatch(plan, {12, 8});
+TEST_F(PlanValidatorTest, RejectsAnExpertRouteWhoseExpertsDoNotSplitOverTheGroup) {
+  makeExpertRoute(plan, {12, 2}, 3);
+  EXPECT_THAT(messageOf(plan), HasSubstr("expert_route: num_experts is 3, expected a positive multiple of the group "
+                                         "size (2)"));
+}
+
+TEST_F(PlanValidatorTest, RejectsAnExpertRouteWithMissingOutputs) {
+  makeExpertRoute(plan, {12, 2});
   rank0().mutable_steps(4)->mutable_collective()->mutable_outputs()->RemoveLast();
-  EXPECT_THAT(messageOf(plan), HasSubstr("expert_dispatch has 2 inputs and 2 outputs, expected (rows, counts) -> "
-                                         "(received, local_counts, source_counts)"));
+  EXPECT_THAT(messageOf(plan), HasSubstr("expert_route has 1 inputs and 1 outputs, expected (indices) -> "
+                                         "(local_indices, layout)"));
+}
+
+TEST_F(PlanValidatorTest, RejectsReceivedRowsOfABufferThatDoesNotExist) {
+  buffer0(0).set_received_rows_of(static_cast<uint32_t>(rank0().buffers_size()) + 5);
+  EXPECT_THAT(messageOf(plan), HasSubstr(absl::StrCat("received_rows_of is ", rank0().buffers_size() + 5,
+                                                      ", expected 1 + the id of a [rows, k] buffer")));
 }
 
 TEST_F(PlanValidatorTest, AcceptsAPipelineExchangeThatSendsReceivesOrBoth) {

@@ -69,8 +69,9 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
       tensors.push_back(each);
   }
   // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read
-  // once after the step: one slot per (MoE layer of any stage, micro-batch).
-  // A slot per forward dispatch of a layer in a step (one per micro-batch), in every stage.
+  // once after the step: one slot per (MoE layer of any stage, micro-batch), of every expert.
+  // With ep > 1 a rank's dispatch counts the tokens its experts received (from every rank of
+  // its ep group), its part of the slot.
   std::map<int, size_t> dispatches;
   for (int r = 0; r < world; r += perStage) {
     std::map<int, size_t> here;
@@ -78,7 +79,7 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
       if (isForwardDispatch(step)) {
         ++here[step.layer()];
         const plan::Buffer &counts = plan.ranks(r).buffers(static_cast<int>(step.launch().outputs(1)));
-        loadSlots.try_emplace(step.layer(), 0, static_cast<size_t>(counts.size_bytes() / sizeof(int64_t)));
+        loadSlots.try_emplace(step.layer(), 0, static_cast<size_t>(ep * counts.size_bytes() / sizeof(int64_t)));
       }
     for (auto [layer, count] : here)
       dispatches[layer] = std::max(dispatches[layer], count);
@@ -94,7 +95,8 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
     if (isForwardDispatch(step)) {
       uint32_t buffer = step.launch().outputs(1);
       size_t n = static_cast<size_t>(executor.buffer(buffer).numel());
-      countsAtStep[s] = {step.layer(), buffer, loadSlots.at(step.layer()).first + seen[step.layer()]++ * n, n};
+      const std::pair<size_t, size_t> &slot = loadSlots.at(step.layer());
+      countsAtStep[s] = {step.layer(), buffer, slot.first + seen[step.layer()]++ * slot.second + epOf(rankIndex) * n, n};
     }
   }
   size_t counts = countsTotal;

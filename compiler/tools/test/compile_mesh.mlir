@@ -21,11 +21,14 @@
 // CHECK: rank 0
 // CHECK: group 0 ep [0,1]
 // CHECK: group 1 dp+ep [0,1,2,3]
+// CHECK: "layer0.ep_route.{{[0-9]+}}#0" rows_of %[[ROUTED:[0-9]+]]
+// CHECK: "layer0.dispatch.{{[0-9]+}}#0" rows_of %[[ROUTED]]
 // CHECK: weight f32 [4,32,64]{{.*}}"model.layers.0.mlp.experts.{expert}.gate_proj.weight"
 // CHECK: bind %{{[0-9]+}} "model.layers.0.mlp.experts.{expert}.gate_proj.weight" first_expert=0
-// CHECK: expert_dispatch g0
+// CHECK: expert_route g0
+// CHECK: expert_send g0
 // CHECK: expert_mlp
-// CHECK: expert_combine g0
+// CHECK: expert_return g0
 // CHECK: all_reduce g1
 // CHECK: rank 1
 // CHECK: group 0 ep [0,1]
@@ -40,16 +43,20 @@
 // REPORT: all-to-all      dispatch+combine
 // REPORT: all-reduce      LoRA gradients        step      dp+ep
 
-// A plan's report lists its collectives. Per layer (2), each direction of the expert exchange
-// moves the rank's 96 tokens x top-2 rows of 64 f32 (49,152 bytes), half of them to the other
-// expert-parallel rank: 2 x 24,576 bytes per kind and phase. The adapter of q_proj (A [8, 64],
-// B [64, 8], f32: 4,096 bytes a layer) is summed over all four ranks: a ring sends 2 x 3/4 of it.
-// PLANREPORT: collectives per step (mesh dp=2,ep=2; bytes this rank sends, balanced routing):
+// A plan's report lists its collectives. Per layer (2), a token goes to the other
+// expert-parallel rank when one of its 2 experts (of 8) is there: all but C(4,2)/C(8,2) = 6/28
+// of the 96 tokens. Its hidden state (64 f32: 256 bytes) goes there and its partial sum comes
+// back (96 x 256 x 22/28 = 19,310 bytes a layer each way), with its router weights (2 f32:
+// 603 bytes) and its experts (2 i32, the route: 603 bytes); the backward returns what the
+// forward sent and sends what it returned. The adapter of q_proj (A [8, 64], B [64, 8], f32:
+// 4,096 bytes a layer) is summed over all four ranks: a ring sends 2 x 3/4 of it.
+// PLANREPORT: collectives per step (mesh dp=2,ep=2; bytes this rank sends, uniform routing):
 // PLANREPORT: all_reduce       dp+ep  backward       2         12,288  LoRA gradients
-// PLANREPORT: expert_combine   ep     forward        2         49,152  expert results back
-// PLANREPORT: expert_combine   ep     backward       2         49,152
-// PLANREPORT: expert_dispatch  ep     forward        2         49,152  rows to the ranks of their experts
-// PLANREPORT: expert_dispatch  ep     backward       2         49,152
+// PLANREPORT: expert_return    ep     forward        2         38,620  each rank's partial expert sums back
+// PLANREPORT: expert_return    ep     backward       4         39,826
+// PLANREPORT: expert_route     ep     forward        2          1,206  each token's experts
+// PLANREPORT: expert_send      ep     forward        4         39,826  hidden states and router weights
+// PLANREPORT: expert_send      ep     backward       2         38,620
 
 // Tensor parallel: each rank binds its rows of q/k/v and its columns of o; the attention's
 // output is summed over tp (the forward's all-reduce; the backward's sums the input's

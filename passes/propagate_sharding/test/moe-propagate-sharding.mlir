@@ -12,36 +12,46 @@
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2},moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=TWICE
 
 // Expert parallel: the expert parameters split over ep (their weights are one rank's two of
-// the four experts), and the expert MLP reads the rows the all-to-all brought, with this
-// rank's counts; its results go back before the combine.
+// the four experts). The route sends each token once to every rank holding one of its
+// experts (with its experts as local numbers); the hidden state and the router weights go
+// there; dispatch, expert MLP and combine run on the received tokens with the local experts;
+// each rank's partial sums come back to the tokens' ranks.
 // CHECK: moe.model @tiny attributes {mesh = "ep=2"}
 // CHECK: moe.param @router {{.*}} : tensor<4x16xf32>{{$}}
 // CHECK: moe.param @up {{.*}} : tensor<4x8x16xf32> sharding #moe.sharding<[ep, _, _]>
 // CHECK: moe.param @down {{.*}} : tensor<4x16x8xf32> sharding #moe.sharding<[ep, _, _]>
-// CHECK: %[[TOK:.*]], %[[CNT:.*]] = moe.dispatch %{{.*}}, %{{.*}} {num_experts = 4 : i64}
+// CHECK: %[[W:.*]], %[[IDX:.*]] = moe.router
+// CHECK: %[[LOCAL:.*]], %[[LAYOUT:.*]] = moe.ep_route %[[IDX]] {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64} : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x2xi64>)
+// CHECK: %[[X:.*]] = moe.ep_send %[[H:.*]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x2xi64>) -> tensor<?x16xf32>
+// CHECK: %[[TOK:.*]], %[[CNT:.*]] = moe.dispatch %[[X]], %[[LOCAL]] {num_experts = 2 : i64} : (tensor<?x16xf32>, tensor<?x2xi32>) -> (tensor<?x16xf32>, tensor<2xi64>)
 // CHECK: %[[UP:.*]] = moe.weight @up : tensor<2x8x16xf32>
 // CHECK: %[[DOWN:.*]] = moe.weight @down : tensor<2x16x8xf32>
-// CHECK: %[[RECV:.*]], %[[LOCAL:.*]], %[[SRC:.*]] = moe.all_to_all_dispatch %[[TOK]], %[[CNT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<4xi64>) -> (tensor<?x16xf32>, tensor<2xi64>, tensor<2x2xi64>)
-// CHECK: %[[Y:.*]] = moe.expert_mlp %[[RECV]], %[[LOCAL]], up %[[UP]], down %[[DOWN]]
-// CHECK: %[[BACK:.*]] = moe.all_to_all_combine %[[Y]], %[[SRC]], %[[CNT]] {axis = "ep", ranks = 2 : i64}
-// CHECK: moe.combine %[[BACK]],
+// CHECK: %[[Y:.*]] = moe.expert_mlp %[[TOK]], %[[CNT]], up %[[UP]], down %[[DOWN]]
+// CHECK: %[[RW:.*]] = moe.ep_send %[[W]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x2xf32>, tensor<2x2xi64>) -> tensor<?x2xf32>
+// CHECK: %[[PART:.*]] = moe.combine %[[Y]], %[[LOCAL]], %[[RW]]
+// CHECK: %[[OUT:.*]] = moe.ep_return %[[PART]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64}
+// CHECK: moe.add %{{.*}}, %[[OUT]]
 
 // Data parallel only: the mesh, nothing else.
 // DP: moe.model @tiny attributes {mesh = "dp=2"}
 // DP-NOT: sharding
-// DP-NOT: all_to_all
+// DP-NOT: moe.ep_
 
-// The training step differentiates through the exchange: the backward sends the gradients
-// back the way results came (the dispatch's backward reads its layout), and the combine's
-// backward sends them out again.
+// The training step differentiates through the exchange: a send's backward is a return of
+// the gradient and the other way round, over the same layout (the router weights' gradient
+// comes back summed like the hidden state's).
 // STEP-LABEL: moe.layer @block_bwd
-// STEP: moe.backward "moe.all_to_all_combine"
+// STEP: moe.ep_send %{{.*}}, %[[L:.*]] {axis = "ep", ranks = 2 : i64}
+// STEP: moe.backward "moe.combine"
+// STEP: moe.ep_return %{{.*}}, %[[L]] {axis = "ep", ranks = 2 : i64} : (tensor<?x2xf32>
 // STEP: moe.backward "moe.expert_mlp"
-// STEP: moe.backward "moe.all_to_all_dispatch"({{.*}}) outputs(
+// STEP: moe.backward "moe.dispatch"
+// STEP: moe.ep_return %{{.*}}, %[[L]] {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>
+// STEP: moe.backward "moe.router"
 
 // The pipeline places the model before the step and sums gradients after it.
 // PIPELINE: mesh = "dp=2,ep=2"
-// PIPELINE: moe.all_to_all_dispatch
+// PIPELINE: moe.ep_route
 // PIPELINE: moe.all_reduce_grads {axis = "dp+ep", layer = 1 : i64}
 
 // Tensor parallel on experts: each rank computes every expert on its half of the intermediate

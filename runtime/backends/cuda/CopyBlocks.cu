@@ -3,6 +3,7 @@
 // Every thread copies units (16, 4 or 1 bytes: the largest that divides every
 // offset and size) in a grid-stride loop over all blocks' units laid end to
 // end; a unit finds its block by binary search in the blocks' first units.
+// sumRows adds rows named by a table: one block per destination row.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace moec::runtime::cuda {
@@ -36,6 +38,24 @@ __global__ void copyBlocksKernel(Unit *dst, const Unit *src, const int64_t *firs
     }
     int64_t k = u - first[lo];
     dst[to[lo] + k] = src[from[lo] + k];
+  }
+}
+
+__device__ float toFloat(float v) { return v; }
+__device__ float toFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ void fromFloat(float &out, float v) { out = v; }
+__device__ void fromFloat(__nv_bfloat16 &out, float v) { out = __float2bfloat16_rn(v); }
+
+/// One block per destination row; the sources in table order, f32 accumulation.
+template <typename T>
+__global__ void sumRowsKernel(T *dst, const T *src, const int64_t *rows, int64_t perRow, int64_t width) {
+  int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < width; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t s = 0; s < perRow; ++s)
+      if (int64_t row = rows[t * perRow + s]; row >= 0)
+        sum = __fadd_rn(sum, toFloat(src[row * width + d]));
+    fromFloat(dst[t * width + d], sum);
   }
 }
 
@@ -101,6 +121,52 @@ std::string BlockCopier::upload(void *dst, const void *host, size_t bytes) {
   return "";
 }
 
+std::string BlockCopier::reserveTable(size_t bytes) {
+  if (tableBytes >= bytes)
+    return "";
+  if (table) { // the old one may still be read
+    if (cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); e != cudaSuccess)
+      return error(e, "device table: cudaStreamSynchronize");
+    cudaFree(table);
+    table = nullptr;
+    tableBytes = 0;
+  }
+  if (cudaError_t e = cudaMalloc(&table, bytes); e != cudaSuccess)
+    return error(e, "device table: cudaMalloc");
+  tableBytes = bytes;
+  return "";
+}
+
+std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
+                                 size_t width, bool bf16) {
+  size_t count = perRow ? rows.size() / perRow : 0;
+  if (count == 0 || width == 0)
+    return "";
+  size_t bytes = rows.size() * sizeof(int64_t);
+  auto s = static_cast<cudaStream_t>(stream);
+  int k = 0;
+  if (std::string e = nextPinned(bytes, k); !e.empty())
+    return e;
+  if (std::string e = reserveTable(bytes); !e.empty())
+    return e;
+  std::memcpy(pinned[k], rows.data(), bytes);
+  if (cudaError_t e = cudaMemcpyAsync(table, pinned[k], bytes, cudaMemcpyHostToDevice, s); e != cudaSuccess)
+    return error(e, "sumRows: table upload");
+  if (cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(uploaded[k]), s); e != cudaSuccess)
+    return error(e, "sumRows: cudaEventRecord");
+  const auto *device = static_cast<const int64_t *>(table);
+  unsigned grid = static_cast<unsigned>(count);
+  if (bf16)
+    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16 *>(dst), static_cast<const __nv_bfloat16 *>(src),
+                                       device, static_cast<int64_t>(perRow), static_cast<int64_t>(width));
+  else
+    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const float *>(src), device,
+                                       static_cast<int64_t>(perRow), static_cast<int64_t>(width));
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return error(e, "sumRows kernel launch");
+  return "";
+}
+
 std::string BlockCopier::copy(void *dst, const void *src, const std::vector<CopyBlock> &blocks) {
   size_t align = 16;
   for (const CopyBlock &b : blocks)
@@ -123,18 +189,8 @@ std::string BlockCopier::copy(void *dst, const void *src, const std::vector<Copy
   int k = 0;
   if (std::string e = nextPinned(bytes, k); !e.empty())
     return e;
-  if (tableBytes < bytes) { // a larger device table: the old one may still be read
-    if (table) {
-      if (cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess)
-        return error(e, "copyBlocks: cudaStreamSynchronize");
-      cudaFree(table);
-      table = nullptr;
-      tableBytes = 0;
-    }
-    if (cudaError_t e = cudaMalloc(&table, bytes); e != cudaSuccess)
-      return error(e, "copyBlocks: cudaMalloc");
-    tableBytes = bytes;
-  }
+  if (std::string e = reserveTable(bytes); !e.empty())
+    return e;
   auto *host = static_cast<int64_t *>(pinned[k]);
   std::copy(first.begin(), first.end(), host);
   std::copy(to.begin(), to.end(), host + n + 1);

@@ -1,8 +1,9 @@
 //===- CopyBlocks.h - many device copies in one kernel ----------*- C++ -*-===//
 //
-// The CUDA device's copyBlocks: the expert exchange regroups rows per (rank,
-// expert) segment, hundreds of them per exchange; one cudaMemcpyAsync each
-// would cost more than the copies. Plain C++: callers need no CUDA headers.
+// The CUDA device's copyBlocks and sumRows: the expert exchange gathers the
+// rows of thousands of tokens per message and adds each token's returned rows;
+// one cudaMemcpyAsync per row would cost more than the copies. Plain C++:
+// callers need no CUDA headers.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,8 +35,15 @@ public:
   /// Copies `bytes` from the host to `dst` through the same pinned buffers, without waiting
   /// for the stream.
   std::string upload(void *dst, const void *host, size_t bytes);
+  /// dst row t = the sum of src rows rows[t perRow + s] (s in order; negative: none) with f32
+  /// accumulation, for rows.size() / perRow rows of `width` f32 (or bf16) elements; the row
+  /// table travels like a block table.
+  std::string sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
+                      bool bf16);
 
 private:
+  /// The device table, with room for `bytes` (a larger one waits for the stream first).
+  std::string reserveTable(size_t bytes);
   /// The next pinned buffer, with room for `bytes`, once the upload that last read it is done.
   std::string nextPinned(size_t bytes, int &slot);
 

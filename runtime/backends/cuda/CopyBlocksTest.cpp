@@ -3,12 +3,14 @@
 // Against memcpy on the host: blocks of 16-byte multiples (the vector path),
 // of 4-byte multiples, odd sizes and offsets (bytes), empty blocks, one block
 // holding most bytes; the destination starts poisoned and bytes no block
-// writes must keep the poison.
+// writes must keep the poison. sumRows against a host sum of the same rows.
 
 #include "runtime/backends/cuda/CopyBlocks.h"
 
+#include <cstdint>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -83,6 +85,84 @@ TEST(CopyBlocks, StagedUploads) {
     ASSERT_EQ(got[i], static_cast<int64_t>(i / host.size()) * 100000 + static_cast<int64_t>(i % host.size())) << i;
   cudaFree(device);
 }
+
+/// sumRows against a host sum: tokens with rows from none, one or several of 3 sources, a
+/// width that is no multiple of the block, f32 and bf16 rows (bf16: the host rounds the f32 sum
+/// once, as the kernel does).
+void expectSums(bool bf16, uint64_t seed) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    GTEST_SKIP() << "no GPU available";
+  std::mt19937_64 rng(seed);
+  const size_t tokens = 301, sources = 3, width = 333, srcRows = 700;
+  std::vector<int64_t> rows(tokens * sources);
+  for (int64_t &r : rows)
+    r = rng() % 3 == 0 ? -1 : static_cast<int64_t>(rng() % srcRows);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  std::vector<float> src(srcRows * width);
+  for (float &v : src)
+    v = uniform(rng);
+  auto toBf16 = [](float v) { // round to nearest even, as __float2bfloat16_rn
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+  };
+  auto fromBf16 = [](uint16_t h) {
+    uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  if (bf16)
+    for (float &v : src)
+      v = fromBf16(toBf16(v));
+  std::vector<float> want(tokens * width, 0.0f);
+  for (size_t t = 0; t < tokens; ++t)
+    for (size_t d = 0; d < width; ++d) {
+      float sum = 0.0f;
+      for (size_t s = 0; s < sources; ++s)
+        if (rows[t * sources + s] >= 0)
+          sum += src[rows[t * sources + s] * width + d];
+      want[t * width + d] = bf16 ? fromBf16(toBf16(sum)) : sum;
+    }
+  size_t element = bf16 ? 2 : 4;
+  std::vector<uint8_t> srcBytes(src.size() * element);
+  for (size_t i = 0; i < src.size(); ++i)
+    if (bf16) {
+      uint16_t h = toBf16(src[i]);
+      std::memcpy(srcBytes.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(srcBytes.data() + 4 * i, &src[i], 4);
+    }
+  void *dSrc = nullptr, *dDst = nullptr;
+  ASSERT_EQ(cudaMalloc(&dSrc, srcBytes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dDst, want.size() * element), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dSrc, srcBytes.data(), srcBytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dDst, 0xFF, want.size() * element), cudaSuccess); // NaN poison
+  BlockCopier copier(nullptr);
+  EXPECT_EQ(copier.sumRows(dDst, dSrc, rows, sources, width, bf16), "");
+  std::vector<uint8_t> got(want.size() * element);
+  ASSERT_EQ(cudaMemcpy(got.data(), dDst, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t wrong = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    float g;
+    if (bf16) {
+      uint16_t h;
+      std::memcpy(&h, got.data() + 2 * i, 2);
+      g = fromBf16(h);
+    } else {
+      std::memcpy(&g, got.data() + 4 * i, 4);
+    }
+    wrong += !(g == want[i]); // the same additions in the same order: bit for bit
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << want.size() << " elements";
+  cudaFree(dSrc);
+  cudaFree(dDst);
+}
+
+TEST(SumRows, F32RowsAddInSourceOrder) { expectSums(false, 5); }
+TEST(SumRows, Bf16RowsRoundTheF32SumOnce) { expectSums(true, 6); }
 
 } // namespace
 } // namespace moec::runtime::cuda

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/kernels/cuda/CudaKernels.h"
+#include "runtime/plan/PlanFormat.h"
 
 namespace moec::runtime::cuda {
 
@@ -89,6 +90,15 @@ public:
     if (!copier)
       copier = std::make_unique<BlockCopier>(cudaStream);
     std::string error = copier->copy(dst, src, table);
+    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
+  }
+  absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
+                       plan::DType dtype) override {
+    if (dtype != plan::F32 && dtype != plan::BF16)
+      return absl::InvalidArgumentError(std::string("sumRows takes f32 or bf16 rows, got ") + plan::dtypeName(dtype));
+    if (!copier)
+      copier = std::make_unique<BlockCopier>(cudaStream);
+    std::string error = copier->sumRows(dst, src, rows, perRow, width, dtype == plan::BF16);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
   absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }

@@ -5,7 +5,9 @@
 // order, and within an expert in (token, slot) order (expertMajorRows).
 // combine: expert_output [T*k, D] in that order, indices, weights [T, k] ->
 // result[t] = Σ_j weights[t, j] * expert_output[row of (t, j)], the slots
-// summed in slot order. Both backwards are the transposed gathers.
+// summed in slot order. Both backwards are the transposed gathers. A negative
+// index is an expert on another rank (expert parallel): no copy (a zero row
+// after every expert's rows), no term, a zero weight gradient.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,17 +27,15 @@ int64_t expertsSeen(const KernelContext &ctx, const TensorRef &indices) {
   if (indices.dtype != plan::I32 && indices.dtype != plan::I64)
     ctx.fail("indices must be i32 or i64");
   int64_t top = -1;
-  for (int64_t i = 0; i < indices.numel(); ++i) {
-    if (indices.index(i) < 0)
-      ctx.fail("expert index " + std::to_string(indices.index(i)) + " is negative");
+  for (int64_t i = 0; i < indices.numel(); ++i)
     top = std::max(top, indices.index(i));
-  }
   return top + 1;
 }
 
 struct Combine {
   int64_t tokens, topK, features;
   const float *expertOutput, *weights;
+  const TensorRef *indices;
   std::vector<int64_t> rows;
 };
 
@@ -52,6 +52,7 @@ Combine parseCombine(const KernelContext &ctx) {
   c.features = out.dim(1);
   c.expertOutput = out.f32();
   c.weights = weights.f32();
+  c.indices = &indices;
   c.rows = expertMajorRows(ctx, indices, expertsSeen(ctx, indices));
   return c;
 }
@@ -81,8 +82,13 @@ void dispatchForward(KernelContext &ctx) {
   float *y = ctx.out(0).f32();
   ctx.parallelFor(tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      for (int64_t j = 0; j < topK; ++j)
-        std::copy_n(x + t * features, features, y + rows[t * topK + j] * features);
+      for (int64_t j = 0; j < topK; ++j) {
+        float *row = y + rows[t * topK + j] * features;
+        if (indices.index(t * topK + j) < 0)
+          std::fill_n(row, features, 0.0f);
+        else
+          std::copy_n(x + t * features, features, row);
+      }
   });
 }
 
@@ -104,6 +110,8 @@ void dispatchBackward(KernelContext &ctx) {
   ctx.parallelFor(tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t j = 0; j < topK; ++j) {
+        if (indices.index(t * topK + j) < 0)
+          continue;
         const float *src = dy + rows[t * topK + j] * features;
         for (int64_t d = 0; d < features; ++d)
           dx[t * features + d] += src[d];
@@ -121,6 +129,8 @@ void combineForward(KernelContext &ctx) {
       float *yt = y + t * c.features;
       std::fill_n(yt, c.features, 0.0f);
       for (int64_t j = 0; j < c.topK; ++j) {
+        if (c.indices->index(t * c.topK + j) < 0)
+          continue;
         float w = c.weights[t * c.topK + j];
         const float *src = c.expertOutput + c.rows[t * c.topK + j] * c.features;
         for (int64_t d = 0; d < c.features; ++d)
@@ -145,6 +155,13 @@ void combineBackward(KernelContext &ctx) {
       const float *g = dy + t * c.features;
       for (int64_t j = 0; j < c.topK; ++j) {
         int64_t row = c.rows[t * c.topK + j];
+        if (c.indices->index(t * c.topK + j) < 0) {
+          if (dOut)
+            std::fill_n(dOut + row * c.features, c.features, 0.0f);
+          if (dWeights)
+            dWeights[t * c.topK + j] = 0.0f;
+          continue;
+        }
         if (dOut) {
           float w = c.weights[t * c.topK + j];
           for (int64_t d = 0; d < c.features; ++d)

@@ -21,6 +21,23 @@ Case sampleCase() {
   return {7, 3, 5, 5, {4, 0, 1, 1, 3, 0, 0, 4, 3, 3, 1, 4, 0, 1, 3, 4, 3, 0, 1, 0, 4}};
 }
 
+/// What an expert-parallel rank receives: experts on other ranks are -1 (token 2 has none
+/// here, token 3 all three).
+Case maskedCase() {
+  return {7, 3, 5, 5, {4, -1, 1, 1, 3, -1, -1, -1, -1, 3, 1, 4, -1, 1, 3, 4, 3, 0, 1, 0, -1}};
+}
+
+std::vector<Case> cases() { return {sampleCase(), maskedCase()}; }
+
+/// Rows per expert, counted from the indices.
+std::vector<int64_t> countsOf(const Case &c) {
+  std::vector<int64_t> counts(c.experts, 0);
+  for (int64_t e : c.indices)
+    if (e >= 0)
+      ++counts[e];
+  return counts;
+}
+
 /// The copies (t, j) in expert-major order, straight from the definition.
 std::vector<std::pair<int64_t, int64_t>> naiveOrder(const Case &c) {
   std::vector<std::pair<int64_t, int64_t>> order;
@@ -52,97 +69,106 @@ KernelCall combineCall(const Case &c, const Values &expertOutput, const Values &
 }
 
 TEST(Dispatch, RowsAreExpertMajorAndStable) {
-  Case c = sampleCase();
-  Values x = randomValues(c.tokens * c.features, 1);
-  for (plan::DType type : {plan::I32, plan::I64}) {
-    KernelCall call = dispatchCall(c, x, type);
-    call.run();
-    Values want;
-    for (auto [t, j] : naiveOrder(c))
-      want.insert(want.end(), x.begin() + t * c.features, x.begin() + (t + 1) * c.features);
-    EXPECT_EQ(relativeError(call.result(0).floats(), want), 0.0);
-    EXPECT_EQ(call.result(1).indices(), (std::vector<int64_t>{6, 5, 0, 5, 5}));
+  for (const Case &c : cases()) {
+    Values x = randomValues(c.tokens * c.features, 1);
+    for (plan::DType type : {plan::I32, plan::I64}) {
+      KernelCall call = dispatchCall(c, x, type);
+      call.run();
+      Values want;
+      for (auto [t, j] : naiveOrder(c))
+        want.insert(want.end(), x.begin() + t * c.features, x.begin() + (t + 1) * c.features);
+      want.resize(c.tokens * c.topK * c.features, 0.0f); // no copies for other ranks' experts
+      EXPECT_EQ(relativeError(call.result(0).floats(), want), 0.0);
+      EXPECT_EQ(call.result(1).indices(), countsOf(c));
+    }
   }
+  EXPECT_EQ(countsOf(sampleCase()), (std::vector<int64_t>{6, 5, 0, 5, 5}));
 }
 
 TEST(Combine, WeightedSumOfEachTokensCopies) {
-  Case c = sampleCase();
-  Values out = randomValues(c.tokens * c.topK * c.features, 2);
-  Values weights = randomValues(c.tokens * c.topK, 3);
-  KernelCall call = combineCall(c, out, weights);
-  call.run();
-  Values want(c.tokens * c.features, 0.0);
-  std::vector<std::pair<int64_t, int64_t>> order = naiveOrder(c);
-  for (size_t row = 0; row < order.size(); ++row) {
-    auto [t, j] = order[row];
-    for (int64_t d = 0; d < c.features; ++d)
-      want[t * c.features + d] += weights[t * c.topK + j] * out[row * c.features + d];
+  for (const Case &c : cases()) {
+    Values out = randomValues(c.tokens * c.topK * c.features, 2);
+    Values weights = randomValues(c.tokens * c.topK, 3);
+    KernelCall call = combineCall(c, out, weights);
+    call.run();
+    Values want(c.tokens * c.features, 0.0);
+    std::vector<std::pair<int64_t, int64_t>> order = naiveOrder(c);
+    for (size_t row = 0; row < order.size(); ++row) {
+      auto [t, j] = order[row];
+      for (int64_t d = 0; d < c.features; ++d)
+        want[t * c.features + d] += weights[t * c.topK + j] * out[row * c.features + d];
+    }
+    EXPECT_LT(relativeError(call.result(0).floats(), want), 1e-6);
   }
-  EXPECT_LT(relativeError(call.result(0).floats(), want), 1e-6);
 }
 
 // combine(dispatch(x)) = x * Σ_j w[t, j]: combine inverts dispatch's order.
 TEST(DispatchCombine, RoundTrip) {
-  Case c = sampleCase();
-  Values x = randomValues(c.tokens * c.features, 4);
-  Values weights = randomValues(c.tokens * c.topK, 5);
-  ThreadPool pool(2);
-  KernelCall dispatch = dispatchCall(c, x);
-  dispatch.threads(&pool);
-  dispatch.run();
-  KernelCall combine = combineCall(c, valuesOf(dispatch.result(0)), weights);
-  combine.threads(&pool);
-  combine.run();
-  Values want(x.size());
-  for (int64_t t = 0; t < c.tokens; ++t) {
-    double sum = 0;
-    for (int64_t j = 0; j < c.topK; ++j)
-      sum += weights[t * c.topK + j];
-    for (int64_t d = 0; d < c.features; ++d)
-      want[t * c.features + d] = x[t * c.features + d] * sum;
+  for (const Case &c : cases()) {
+    Values x = randomValues(c.tokens * c.features, 4);
+    Values weights = randomValues(c.tokens * c.topK, 5);
+    ThreadPool pool(2);
+    KernelCall dispatch = dispatchCall(c, x);
+    dispatch.threads(&pool);
+    dispatch.run();
+    KernelCall combine = combineCall(c, valuesOf(dispatch.result(0)), weights);
+    combine.threads(&pool);
+    combine.run();
+    Values want(x.size());
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      double sum = 0;
+      for (int64_t j = 0; j < c.topK; ++j)
+        if (c.indices[t * c.topK + j] >= 0)
+          sum += weights[t * c.topK + j];
+      for (int64_t d = 0; d < c.features; ++d)
+        want[t * c.features + d] = x[t * c.features + d] * sum;
+    }
+    EXPECT_LT(relativeError(combine.result(0).floats(), want), 1e-6);
   }
-  EXPECT_LT(relativeError(combine.result(0).floats(), want), 1e-6);
 }
 
 TEST(DispatchBackward, SumsEachTokensCopies) {
-  Case c = sampleCase();
-  KernelCall call = dispatchCall(c, randomValues(c.tokens * c.features, 6));
-  GradientCheck check = checkGradients(registry(), call, {0});
-  EXPECT_LT(check.worstRelativeError, 1e-2) << check.report;
+  for (const Case &c : cases()) {
+    KernelCall call = dispatchCall(c, randomValues(c.tokens * c.features, 6));
+    GradientCheck check = checkGradients(registry(), call, {0});
+    EXPECT_LT(check.worstRelativeError, 1e-2) << check.report;
 
-  Values dy = randomValues(c.tokens * c.topK * c.features, 7);
-  std::vector<std::vector<float>> grads =
-      runBackward(call, {0}, {0}, {tensorOf({c.tokens * c.topK, c.features}, dy)});
-  Values want(c.tokens * c.features, 0.0);
-  std::vector<std::pair<int64_t, int64_t>> order = naiveOrder(c);
-  for (size_t row = 0; row < order.size(); ++row)
-    for (int64_t d = 0; d < c.features; ++d)
-      want[order[row].first * c.features + d] += dy[row * c.features + d];
-  EXPECT_LT(relativeError(grads[0], want), 1e-6);
+    Values dy = randomValues(c.tokens * c.topK * c.features, 7);
+    std::vector<std::vector<float>> grads =
+        runBackward(call, {0}, {0}, {tensorOf({c.tokens * c.topK, c.features}, dy)});
+    Values want(c.tokens * c.features, 0.0);
+    std::vector<std::pair<int64_t, int64_t>> order = naiveOrder(c);
+    for (size_t row = 0; row < order.size(); ++row)
+      for (int64_t d = 0; d < c.features; ++d)
+        want[order[row].first * c.features + d] += dy[row * c.features + d];
+    EXPECT_LT(relativeError(grads[0], want), 1e-6);
+  }
 }
 
 TEST(CombineBackward, ExpertOutputsAndWeights) {
-  Case c = sampleCase();
-  Values out = randomValues(c.tokens * c.topK * c.features, 8);
-  Values weights = randomValues(c.tokens * c.topK, 9);
-  KernelCall call = combineCall(c, out, weights);
-  GradientCheck check = checkGradients(registry(), call, {0, 2});
-  EXPECT_LT(check.worstRelativeError, 1e-2) << check.report;
+  for (const Case &c : cases()) {
+    Values out = randomValues(c.tokens * c.topK * c.features, 8);
+    Values weights = randomValues(c.tokens * c.topK, 9);
+    KernelCall call = combineCall(c, out, weights);
+    GradientCheck check = checkGradients(registry(), call, {0, 2});
+    EXPECT_LT(check.worstRelativeError, 1e-2) << check.report;
 
-  Values dy = randomValues(c.tokens * c.features, 10);
-  std::vector<std::vector<float>> grads =
-      runBackward(call, {2, 0}, {0}, {tensorOf({c.tokens, c.features}, dy)});
-  Values wantOut(out.size(), 0.0), wantWeights(weights.size(), 0.0);
-  std::vector<std::pair<int64_t, int64_t>> order = naiveOrder(c);
-  for (size_t row = 0; row < order.size(); ++row) {
-    auto [t, j] = order[row];
-    for (int64_t d = 0; d < c.features; ++d) {
-      wantOut[row * c.features + d] = weights[t * c.topK + j] * dy[t * c.features + d];
-      wantWeights[t * c.topK + j] += dy[t * c.features + d] * out[row * c.features + d];
+    Values dy = randomValues(c.tokens * c.features, 10);
+    std::vector<std::vector<float>> grads =
+        runBackward(call, {2, 0}, {0}, {tensorOf({c.tokens, c.features}, dy)});
+    Values wantOut(out.size(), 0.0), wantWeights(weights.size(), 0.0);
+    std::vector<std::pair<int64_t, int64_t>> order = naiveOrder(c);
+    for (size_t row = 0; row < order.size(); ++row) {
+      auto [t, j] = order[row];
+      for (int64_t d = 0; d < c.features; ++d) {
+        wantOut[row * c.features + d] = weights[t * c.topK + j] * dy[t * c.features + d];
+        wantWeights[t * c.topK + j] += dy[t * c.features + d] * out[row * c.features + d];
+      }
     }
+    // Other ranks' experts: zero weight gradients, zero rows.
+    EXPECT_LT(relativeError(grads[0], wantWeights), 1e-6);
+    EXPECT_LT(relativeError(grads[1], wantOut), 1e-6);
   }
-  EXPECT_LT(relativeError(grads[0], wantWeights), 1e-6);
-  EXPECT_LT(relativeError(grads[1], wantOut), 1e-6);
 }
 
 void expectFailure(KernelCall &call, const std::string &needle) {

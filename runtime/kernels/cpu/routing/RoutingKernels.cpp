@@ -48,19 +48,21 @@ std::vector<int64_t> expertMajorRows(const KernelContext &ctx, const TensorRef &
   std::vector<int64_t> offset(numExperts + 1, 0);
   for (int64_t c = 0; c < copies; ++c) {
     int64_t e = indices.index(c);
-    if (e < 0 || e >= numExperts)
+    if (e >= numExperts)
       ctx.fail("expert index " + std::to_string(e) + " of token " +
                std::to_string(c / indices.dim(1)) + " is outside [0, " +
                std::to_string(numExperts) + ")");
-    ++offset[e + 1];
+    if (e >= 0) // negative: an expert on another rank, no copy here
+      ++offset[e + 1];
   }
   if (counts)
     counts->assign(offset.begin() + 1, offset.end());
   for (int64_t e = 0; e < numExperts; ++e)
     offset[e + 1] += offset[e];
   std::vector<int64_t> rows(copies);
+  int64_t tail = offset[numExperts]; // rows of the copies made here end there
   for (int64_t c = 0; c < copies; ++c)
-    rows[c] = offset[indices.index(c)]++;
+    rows[c] = indices.index(c) < 0 ? tail++ : offset[indices.index(c)]++;
   return rows;
 }
 

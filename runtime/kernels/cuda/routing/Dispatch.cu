@@ -10,7 +10,11 @@
 //   combine.backward:  one block per token: d expert_output rows = w * dy and
 //                      d weights = <dy, row> (double block reduction).
 // Everything is written (no pre-zeroed outputs), nothing uses float atomics.
-// Index values are not range-checked on the host: they live on the device.
+// A negative index (an expert on another rank) makes no copy: it sorts after
+// every expert, and its row (one of the last) is zero in the dispatch's output
+// and the combine's gradient; its combine term is absent, its weight gradient
+// zero (the CPU's rows, as both sorts are stable). Index values are not
+// range-checked on the host: they live on the device.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,45 +28,60 @@ namespace moec::runtime::cuda::routing {
 
 namespace {
 
-/// y[p] = x[token of the copy at row p].
-__global__ void dispatchKernel(FloatIn x, const int32_t *perm, int64_t topK, int64_t features,
-                               FloatOut y) {
+/// y[p] = x[token of the copy at row p]; the copies of other ranks' experts sort last.
+__global__ void dispatchKernel(FloatIn x, const int32_t *perm, IndexIn indices, int64_t topK,
+                               int64_t features, FloatOut y) {
   int64_t p = blockIdx.x, t = perm[p] / topK;
+  if (indices[perm[p]] < 0) {
+    for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
+      y.store(p * features + d, 0.0f);
+    return;
+  }
   for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
     y.store(p * features + d, x[t * features + d]);
 }
 
 /// dx[t] = Σ_j dy[row(t, j)], in slot order.
-__global__ void dispatchBackwardKernel(FloatIn dy, const int32_t *rows, int64_t topK,
-                                       int64_t features, FloatOut dx) {
+__global__ void dispatchBackwardKernel(FloatIn dy, const int32_t *rows, IndexIn indices,
+                                       int64_t topK, int64_t features, FloatOut dx) {
   int64_t t = blockIdx.x;
   for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
     float sum = 0.0f;
     for (int64_t j = 0; j < topK; ++j)
-      sum = __fadd_rn(sum, dy[rows[t * topK + j] * features + d]);
+      if (indices[t * topK + j] >= 0)
+        sum = __fadd_rn(sum, dy[rows[t * topK + j] * features + d]);
     dx.store(t * features + d, sum);
   }
 }
 
 /// y[t] = Σ_j w[t, j] * out[row(t, j)], in slot order (f32, no contraction:
 /// the CPU's rounding).
-__global__ void combineKernel(FloatIn out, const int32_t *rows, FloatIn weights, int64_t topK,
-                              int64_t features, FloatOut y) {
+__global__ void combineKernel(FloatIn out, const int32_t *rows, IndexIn indices, FloatIn weights,
+                              int64_t topK, int64_t features, FloatOut y) {
   int64_t t = blockIdx.x;
   for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
     float sum = 0.0f;
     for (int64_t j = 0; j < topK; ++j)
-      sum = __fadd_rn(sum, __fmul_rn(weights[t * topK + j], out[rows[t * topK + j] * features + d]));
+      if (indices[t * topK + j] >= 0)
+        sum = __fadd_rn(sum, __fmul_rn(weights[t * topK + j], out[rows[t * topK + j] * features + d]));
     y.store(t * features + d, sum);
   }
 }
 
-__global__ void combineBackwardKernel(FloatIn out, const int32_t *rows, FloatIn weights,
-                                      FloatIn dy, int64_t topK, int64_t features, FloatOut dOut,
-                                      FloatOut dWeights) {
+__global__ void combineBackwardKernel(FloatIn out, const int32_t *rows, IndexIn indices,
+                                      FloatIn weights, FloatIn dy, int64_t topK, int64_t features,
+                                      FloatOut dOut, FloatOut dWeights) {
   __shared__ double scratch[32];
   int64_t t = blockIdx.x;
   for (int64_t j = 0; j < topK; ++j) {
+    if (indices[t * topK + j] < 0) { // uniform across the block
+      if (dOut)
+        for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
+          dOut.store(rows[t * topK + j] * features + d, 0.0f);
+      if (dWeights && threadIdx.x == 0)
+        dWeights.store(t * topK + j, 0.0f);
+      continue;
+    }
     int64_t row = rows[t * topK + j];
     float w = weights[t * topK + j];
     double dot = 0;
@@ -129,7 +148,7 @@ void dispatchForward(KernelContext &ctx) {
   if (copies == 0 || features == 0)
     return;
   dispatchKernel<<<static_cast<unsigned>(copies), 128, 0, streamOf(ctx)>>>(
-      floatIn(input), perm.as<int32_t>(), topK, features, floatOut(ctx.out(0)));
+      floatIn(input), perm.as<int32_t>(), indexIn(indices), topK, features, floatOut(ctx.out(0)));
   checkLaunch(ctx, "dispatch");
 }
 
@@ -152,7 +171,7 @@ void dispatchBackward(KernelContext &ctx) {
   DeviceBuffer rows(ctx, copies * sizeof(int32_t));
   expertMajorOrder(ctx, indices, rows.as<int32_t>(), nullptr);
   dispatchBackwardKernel<<<static_cast<unsigned>(tokens), 128, 0, streamOf(ctx)>>>(
-      floatIn(*dTokens), rows.as<int32_t>(), topK, features, floatOut(*grads[0]));
+      floatIn(*dTokens), rows.as<int32_t>(), indexIn(indices), topK, features, floatOut(*grads[0]));
   checkLaunch(ctx, "dispatch.backward");
 }
 
@@ -166,8 +185,8 @@ void combineForward(KernelContext &ctx) {
   DeviceBuffer rows(ctx, copies * sizeof(int32_t));
   expertMajorOrder(ctx, *c.indices, rows.as<int32_t>(), nullptr);
   combineKernel<<<static_cast<unsigned>(c.tokens), 128, 0, streamOf(ctx)>>>(
-      floatIn(*c.expertOutput), rows.as<int32_t>(), floatIn(*c.weights), c.topK, c.features,
-      floatOut(ctx.out(0)));
+      floatIn(*c.expertOutput), rows.as<int32_t>(), indexIn(*c.indices), floatIn(*c.weights), c.topK,
+      c.features, floatOut(ctx.out(0)));
   checkLaunch(ctx, "combine");
 }
 
@@ -187,8 +206,8 @@ void combineBackward(KernelContext &ctx) {
   DeviceBuffer rows(ctx, copies * sizeof(int32_t));
   expertMajorOrder(ctx, *c.indices, rows.as<int32_t>(), nullptr);
   combineBackwardKernel<<<static_cast<unsigned>(c.tokens), 128, 0, streamOf(ctx)>>>(
-      floatIn(*c.expertOutput), rows.as<int32_t>(), floatIn(*c.weights), floatIn(*dResult), c.topK,
-      c.features, dOut, dWeights);
+      floatIn(*c.expertOutput), rows.as<int32_t>(), indexIn(*c.indices), floatIn(*c.weights),
+      floatIn(*dResult), c.topK, c.features, dOut, dWeights);
   checkLaunch(ctx, "combine.backward");
 }
 

@@ -3,8 +3,9 @@
 // The CPU test's sample (expert 2 of 5 empty, experts repeated across slots)
 // and ragged random routings over 8, 64 and 256 experts (skewed: the high
 // experts often get no rows), token and feature counts that are not
-// multiples of any block size. The expert-major order and the counts must
-// match exactly (the dispatched rows in f32 are copies: exact too).
+// multiples of any block size, and what an expert-parallel rank sees (other
+// ranks' experts as -1). The expert-major order and the counts must match
+// exactly (the dispatched rows in f32 are copies: exact too).
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,8 +34,21 @@ Case randomCase(int64_t tokens, int64_t topK, int64_t features, int64_t experts,
   return {tokens, topK, features, experts, skewedIndices(tokens, topK, experts, seed)};
 }
 
+/// What rank `rank` of `ranks` expert-parallel ranks sees of `c`: its experts renumbered from
+/// 0, every other expert -1 (no copy here).
+Case localCase(Case c, int64_t ranks, int64_t rank) {
+  int64_t per = c.experts / ranks;
+  for (int64_t &e : c.indices)
+    e = e / per == rank ? e - rank * per : -1;
+  c.experts = per;
+  return c;
+}
+
 std::vector<Case> cases() {
   return {sampleCase(),
+          localCase(randomCase(33, 2, 13, 8, 8), 2, 0),
+          localCase(randomCase(257, 4, 33, 64, 9), 4, 3),
+          localCase(randomCase(1000, 8, 33, 256, 10), 2, 1),
           randomCase(1, 1, 7, 8, 1),
           randomCase(33, 2, 13, 8, 2),
           randomCase(13, 8, 5, 8, 3), // every expert in every token
