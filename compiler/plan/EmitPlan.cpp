@@ -112,8 +112,10 @@ plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
     b->set_size_bytes(buffer.bytes);
     b->set_first_step(buffer.first);
     b->set_last_step(buffer.last);
-    if (buffer.receivedRowsOf >= 0)
+    if (buffer.receivedRowsOf >= 0) {
       b->set_received_rows_of(static_cast<uint32_t>(buffer.receivedRowsOf) + 1);
+      b->set_received_copies(buffer.receivedCopies);
+    }
     if (buffer.role == plan::WEIGHT) {
       plan::WeightBinding *binding = rank.add_weights();
       binding->set_buffer(static_cast<uint32_t>(id));

@@ -216,6 +216,7 @@ private:
   void followReceivedRows(Operation *op, unsigned index, int id, const llvm::DenseMap<Value, int> &values) {
     ProgramBuffer &buffer = program.buffers[id];
     int anchor = -1;
+    bool copies = false;
     if (auto route = dyn_cast<moe::EpRouteOp>(op)) {
       if (index == 0)
         anchor = id;
@@ -227,11 +228,15 @@ private:
                type.getRank() == 0 || !type.isDynamicDim(0)) {
       return; // not token rows
     } else if (Value from = rowsOperand(op, index)) {
-      anchor = program.buffers[values.lookup(from)].receivedRowsOf;
+      const ProgramBuffer &source = program.buffers[values.lookup(from)];
+      anchor = source.receivedRowsOf;
+      // A dispatch of received tokens makes their expert copies (as many as the route received).
+      copies = isa<moe::DispatchOp>(op) ? index == 0 : source.receivedCopies;
     }
     if (anchor < 0)
       return;
     buffer.receivedRowsOf = anchor;
+    buffer.receivedCopies = copies;
     buffer.rowsRoom = program.buffers[anchor].rowsRoom;
   }
 

@@ -51,6 +51,8 @@ struct ProgramBuffer {
   /// Expert parallel: the route's received-indices buffer whose received rows this buffer's
   /// rows follow (plan.proto Buffer.received_rows_of); -1 = none.
   int receivedRowsOf = -1;
+  /// With receivedRowsOf: the rows are the received tokens' expert copies (Buffer.received_copies).
+  bool receivedCopies = false;
 };
 
 struct ProgramStep {

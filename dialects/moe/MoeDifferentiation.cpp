@@ -95,11 +95,15 @@ LogicalResult EpSendOp::buildBackward(OpBuilder &builder, ValueRange resultGrads
 
 LogicalResult EpReturnOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
                                         SmallVectorImpl<Value> &operandGrads) {
-  // A token's sum depends on each rank's row alike: its gradient goes out to each of them.
+  // A token's sum depends on each rank's row alike: its gradient goes out to each of them (in
+  // the gradient's element type: an f32 sum added to a bf16 residual gets a bf16 gradient).
   operandGrads.assign(2, Value());
-  if (wanted[0] && resultGrads[0])
-    operandGrads[0] = builder.create<EpSendOp>(getLoc(), getInput().getType(), resultGrads[0], getLayout(),
-                                               getAxisAttr(), getRanksAttr());
+  if (wanted[0] && resultGrads[0]) {
+    auto rows = RankedTensorType::get(cast<RankedTensorType>(getInput().getType()).getShape(),
+                                      cast<RankedTensorType>(resultGrads[0].getType()).getElementType());
+    operandGrads[0] =
+        builder.create<EpSendOp>(getLoc(), rows, resultGrads[0], getLayout(), getAxisAttr(), getRanksAttr());
+  }
   return success();
 }
 

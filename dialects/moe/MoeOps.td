@@ -819,14 +819,15 @@ def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure]> {
     within a source), each with its experts as this rank's local expert
     numbers and -1 where the expert lives on another rank (only the first
     rows, as many as were received, are its value; the rest is room for
-    every token of every rank); `layout: [2, ranks]` (i64), the tokens this
-    rank sends to each rank and receives from each rank, which
-    `moe.ep_send` and `moe.ep_return` of the same layer use. Not
+    every token of every rank); `layout: [2, 2 ranks]` (i64), the tokens and
+    expert copies this rank sends to each rank (row 0) and receives from each
+    rank (row 1), which `moe.ep_send` and `moe.ep_return` of the same layer
+    use. Not
     differentiable (indices only).
 
     ```mlir
     %local, %layout = moe.ep_route %indices {axis = "ep", ranks = 2 : i64, num_experts = 8 : i64}
-        : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x2xi64>)
+        : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x4xi64>)
     ```
   }];
   let arguments = (ins Moe_IndexTensor:$indices, StrAttr:$axis, I64Attr:$ranks, I64Attr:$num_experts);
@@ -848,7 +849,7 @@ def Moe_EpSendOp : Moe_Op<"ep_send", [Pure,
 
     ```mlir
     %rows = moe.ep_send %x, %layout {axis = "ep", ranks = 2 : i64}
-        : (tensor<?x64xf32>, tensor<2x2xi64>) -> tensor<?x64xf32>
+        : (tensor<?x64xf32>, tensor<2x4xi64>) -> tensor<?x64xf32>
     ```
   }];
   let arguments = (ins Moe_Tensor:$input, RankedTensorOf<[I64]>:$layout, StrAttr:$axis, I64Attr:$ranks);
@@ -869,7 +870,7 @@ def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure,
 
     ```mlir
     %y = moe.ep_return %partial, %layout {axis = "ep", ranks = 2 : i64}
-        : (tensor<?x64xf32>, tensor<2x2xi64>) -> tensor<?x64xf32>
+        : (tensor<?x64xf32>, tensor<2x4xi64>) -> tensor<?x64xf32>
     ```
   }];
   let arguments = (ins Moe_Tensor:$input, RankedTensorOf<[I64]>:$layout, StrAttr:$axis, I64Attr:$ranks);

@@ -2,19 +2,23 @@
 //
 //   exchange_bench [--nproc N] [--tokens T] [--top-k K] [--hidden D] [--experts E]
 //
-// On N GPUs (one process each, started here like moe-run --nproc), for the
-// rows one MoE layer's dispatch moves (T tokens x top-k rows of D bf16 per
-// rank, spread over E experts the way a uniform router spreads them), times:
-// a plain NCCL all-to-all of the same per-peer sizes (one message per pair of
-// ranks), the same bytes sent as one message per (rank, expert) segment, and
-// the exchange as the executor runs it (one message per pair of ranks, then
-// the copy kernel that regroups rows by expert). Prints the median time and
-// the bus bandwidth, bytes x (N-1)/N / time, as nccl-tests reports it.
+// On N GPUs (one process each, started here like moe-run --nproc), for one MoE
+// layer's tokens (T tokens of D bf16 per rank, each with top-k distinct experts
+// of E drawn uniformly), times: a plain NCCL all-to-all of the (token, expert)
+// copies (what an exchange per expert moves), a plain NCCL all-to-all of the
+// tokens once per rank holding one of their experts (the message sizes the
+// executor uses), and the executor's send (the gather kernel, then one message
+// per pair of ranks) and return (messages, then the kernel that adds a token's
+// rows from its ranks). Prints the median time and the bus bandwidth (bytes
+// that leave the GPU / time).
 //
 //===----------------------------------------------------------------------===//
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,61 +80,69 @@ int main(int argc, char **argv) {
   }
   comm::Communicator &comm = **made;
 
-  // Rows per expert from a uniform router (the same draw on every rank), in dispatch order.
-  int64_t rows = tokens * topK, local = experts / n;
-  std::mt19937_64 rng(7 + me);
-  std::vector<int64_t> perExpert(experts, 0);
-  for (int64_t r = 0; r < rows; ++r)
-    ++perExpert[rng() % experts];
-  // What this rank receives per (source, local expert): every rank draws the same way.
-  std::vector<int64_t> perSource(n * local, 0);
-  for (int src = 0; src < n; ++src) {
-    std::mt19937_64 theirs(7 + src);
-    std::vector<int64_t> counts(experts, 0);
-    for (int64_t r = 0; r < rows; ++r)
-      ++counts[theirs() % experts];
-    for (int64_t e = 0; e < local; ++e)
-      perSource[src * local + e] = counts[me * local + e];
+  // A uniform router (the same draws on every rank, seeded by rank): each token's top-k
+  // distinct experts; a token goes once to every rank holding one of them.
+  int64_t local = experts / n;
+  auto route = [&](int rank) {
+    std::mt19937_64 rng(7 + rank);
+    std::vector<std::vector<int64_t>> to(n); // tokens per destination
+    std::vector<int64_t> copies(n, 0);       // (token, expert) copies per destination
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int64_t> picked;
+      while (static_cast<int64_t>(picked.size()) < std::min(topK, experts)) {
+        int64_t e = static_cast<int64_t>(rng() % experts);
+        if (std::find(picked.begin(), picked.end(), e) == picked.end())
+          picked.push_back(e);
+      }
+      std::vector<bool> hit(n, false);
+      for (int64_t e : picked) {
+        ++copies[e / local];
+        hit[e / local] = true;
+      }
+      for (int r = 0; r < n; ++r)
+        if (hit[r])
+          to[r].push_back(t);
+    }
+    return std::make_pair(to, copies);
+  };
+  auto [mine, myCopies] = route(me);
+  std::vector<size_t> tokenSend(n), tokenRecv(n), copySend(n), copyRecv(n);
+  for (int r = 0; r < n; ++r) {
+    tokenSend[r] = mine[r].size();
+    copySend[r] = static_cast<size_t>(myCopies[r]);
+    auto [theirs, theirCopies] = route(r);
+    tokenRecv[r] = theirs[me].size();
+    copyRecv[r] = static_cast<size_t>(theirCopies[me]);
   }
   size_t width = static_cast<size_t>(hidden), rowBytes = width * 2;
+  auto elements = [&](std::vector<size_t> rows) {
+    for (size_t &r : rows)
+      r *= width;
+    return rows;
+  };
   using Segment = comm::Communicator::Segment;
-  std::vector<Segment> perPeerSend, perPeerRecv, perExpertSend, perExpertRecv;
-  std::vector<size_t> sendCounts(n, 0), recvCounts(n, 0);
-  size_t at = 0;
-  for (int j = 0; j < n; ++j) {
-    size_t first = at;
-    for (int64_t e = 0; e < local; ++e) {
-      size_t count = static_cast<size_t>(perExpert[j * local + e]);
-      perExpertSend.push_back({j, at * width, count * width});
-      at += count;
+  auto segments = [&](const std::vector<size_t> &rows) {
+    std::vector<Segment> out;
+    size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      out.push_back({r, at * width, rows[r] * width});
+      at += rows[r];
     }
-    perPeerSend.push_back({j, first * width, (at - first) * width});
-    sendCounts[j] = (at - first) * width;
-  }
-  size_t received = 0;
-  std::vector<cuda::CopyBlock> regroup;
-  std::vector<size_t> firstOf(n * local);
-  size_t total = 0;
-  for (int64_t e = 0; e < local; ++e)
-    for (int src = 0; src < n; ++src) {
-      firstOf[src * local + e] = total;
-      total += static_cast<size_t>(perSource[src * local + e]);
+    return out;
+  };
+  auto sum = [](const std::vector<size_t> &v) { return std::accumulate(v.begin(), v.end(), size_t{0}); };
+  std::vector<cuda::CopyBlock> gather;
+  std::vector<int64_t> rowOf(static_cast<size_t>(tokens) * n, -1);
+  for (int r = 0; r < n; ++r)
+    for (int64_t t : mine[r]) {
+      rowOf[t * n + r] = static_cast<int64_t>(gather.size());
+      gather.push_back({gather.size() * rowBytes, static_cast<size_t>(t) * rowBytes, rowBytes});
     }
-  for (int src = 0; src < n; ++src) {
-    size_t first = received;
-    for (int64_t e = 0; e < local; ++e) {
-      size_t count = static_cast<size_t>(perSource[src * local + e]);
-      perExpertRecv.push_back({src, firstOf[src * local + e] * width, count * width});
-      regroup.push_back({firstOf[src * local + e] * rowBytes, received * rowBytes, count * rowBytes});
-      received += count;
-    }
-    perPeerRecv.push_back({src, first * width, (received - first) * width});
-    recvCounts[src] = (received - first) * width;
-  }
-  void *in = bench::randomBf16(static_cast<size_t>(rows) * width, 11 + me, 1.0f);
+  size_t most = std::max({sum(copySend), sum(copyRecv), sum(tokenSend), sum(tokenRecv)});
+  void *in = bench::randomBf16(static_cast<size_t>(std::max(tokens * topK, tokens * n)) * width, 11 + me, 1.0f);
   void *staging = nullptr, *out = nullptr;
-  bench::check(cudaMalloc(&staging, received * rowBytes + 16), "cudaMalloc");
-  bench::check(cudaMalloc(&out, received * rowBytes + 16), "cudaMalloc");
+  bench::check(cudaMalloc(&staging, most * rowBytes + 16), "cudaMalloc");
+  bench::check(cudaMalloc(&out, most * rowBytes + 16), "cudaMalloc");
   cuda::BlockCopier copier(stream);
   auto run = [&](const std::function<absl::Status()> &fn) {
     return bench::medianMs(stream, 3, 20, [&] {
@@ -140,25 +152,35 @@ int main(int argc, char **argv) {
       }
     });
   };
-  double plain = run([&] { return comm.allToAll(in, sendCounts, staging, recvCounts, moec::plan::BF16); });
-  double segments = run([&] { return comm.exchange(in, perExpertSend, out, perExpertRecv, moec::plan::BF16); });
-  double ours = run([&] {
-    absl::Status s = comm.exchange(in, perPeerSend, staging, perPeerRecv, moec::plan::BF16);
-    if (!s.ok())
+  auto status = [](const std::string &e) { return e.empty() ? absl::OkStatus() : absl::InternalError(e); };
+  double perCopy = run([&] { return comm.allToAll(in, elements(copySend), staging, elements(copyRecv), moec::plan::BF16); });
+  double plain = run([&] { return comm.allToAll(in, elements(tokenSend), out, elements(tokenRecv), moec::plan::BF16); });
+  double send = run([&] {
+    if (absl::Status s = status(copier.copy(staging, in, gather)); !s.ok())
       return s;
-    std::string e = copier.copy(out, staging, regroup);
-    return e.empty() ? absl::OkStatus() : absl::InternalError(e);
+    return comm.exchange(staging, segments(tokenSend), out, segments(tokenRecv), moec::plan::BF16);
+  });
+  double back = run([&] {
+    if (absl::Status s = comm.exchange(in, segments(tokenRecv), staging, segments(tokenSend), moec::plan::BF16); !s.ok())
+      return s;
+    return status(copier.sumRows(out, staging, rowOf, static_cast<size_t>(n), width, true));
   });
   if (me == 0) {
-    double bytes = static_cast<double>(rows) * rowBytes; // what one rank sends, itself included
-    auto bus = [&](double ms) { return bytes * (n - 1) / n / (ms * 1e-3) / 1e9; };
-    std::printf("exchange_bench: %d GPUs, %lld tokens x top-%lld x %lld bf16 per rank (%.1f MB), %lld experts\n", n,
-                static_cast<long long>(tokens), static_cast<long long>(topK), static_cast<long long>(hidden),
-                bytes / 1e6, static_cast<long long>(experts));
-    std::printf("  plain NCCL all-to-all (a message per pair of ranks)   %8.3f ms  bus %6.1f GB/s\n", plain, bus(plain));
-    std::printf("  a message per (rank, expert) segment                  %8.3f ms  bus %6.1f GB/s\n", segments,
-                bus(segments));
-    std::printf("  the executor's exchange (messages + regrouping kernel) %7.3f ms  bus %6.1f GB/s\n", ours, bus(ours));
+    // Bus bandwidth as nccl-tests reports it: the bytes that leave the GPU over the time.
+    auto away = [&](const std::vector<size_t> &rows) { return double(sum(rows) - rows[me]) * rowBytes; };
+    auto bus = [&](double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; };
+    std::printf("exchange_bench: %d GPUs, %lld tokens x top-%lld of %lld experts, %lld bf16 per row; rank 0 sends "
+                "%.1f MB as (token, expert) copies, %.1f MB as tokens once per rank\n",
+                n, static_cast<long long>(tokens), static_cast<long long>(topK), static_cast<long long>(experts),
+                static_cast<long long>(hidden), away(copySend) / 1e6, away(tokenSend) / 1e6);
+    std::printf("  plain NCCL all-to-all of the (token, expert) copies      %8.3f ms  bus %6.1f GB/s\n", perCopy,
+                bus(away(copySend), perCopy));
+    std::printf("  plain NCCL all-to-all of the tokens, once per rank       %8.3f ms  bus %6.1f GB/s\n", plain,
+                bus(away(tokenSend), plain));
+    std::printf("  the executor's send (gather kernel + messages)           %8.3f ms  bus %6.1f GB/s\n", send,
+                bus(away(tokenSend), send));
+    std::printf("  the executor's return (messages + sum kernel)            %8.3f ms  bus %6.1f GB/s\n", back,
+                bus(away(tokenRecv), back));
   }
   cudaFree(in);
   cudaFree(staging);

@@ -47,6 +47,12 @@ public:
     std::memset(dst, 0, bytes);
     return absl::OkStatus();
   }
+  absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) override {
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(static_cast<char *>(dst) + i * rowBytes,
+                  static_cast<const char *>(src) + static_cast<size_t>(rows[i]) * rowBytes, rowBytes);
+    return absl::OkStatus();
+  }
   absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
                        plan::DType dtype) override {
     if (dtype != plan::F32) // bf16 plans run as f32 here (emulatesBf16)

@@ -52,6 +52,9 @@ public:
         return s;
     return absl::OkStatus();
   }
+  /// dst row i = src row rows[i], rows of `rowBytes` bytes, ordered with the kernels (the expert
+  /// exchange gathers the tokens bound for each rank).
+  virtual absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) = 0;
   /// dst row t = the sum of `perRow` rows of `src`, rows[t perRow + s] for s in order (a
   /// negative entry adds nothing), accumulated in f32; `rows.size() / perRow` rows of `width`
   /// elements of `dtype` (f32 or bf16), ordered with the kernels (the expert exchange adds a

@@ -299,12 +299,15 @@ absl::Status Executor::invoke(const KernelFn &fn, const std::string &kernel,
   // The rest is room for tokens no rank sent; nothing reads it.
   auto view = [&](uint32_t id) {
     TensorRef ref = buffer(id);
-    uint32_t of = rankProto->buffers(static_cast<int>(id)).received_rows_of();
+    const plan::Buffer &planned = rankProto->buffers(static_cast<int>(id));
+    uint32_t of = planned.received_rows_of();
     if (of == 0 || ref.shape.empty())
       return ref;
     auto it = receivedRows.find(of - 1);
     if (it != receivedRows.end())
-      ref.shape[0] = it->second * (ref.shape[0] / rankProto->buffers(static_cast<int>(of - 1)).shape(0));
+      ref.shape[0] = planned.received_copies()
+                         ? it->second.copies
+                         : it->second.tokens * (ref.shape[0] / rankProto->buffers(static_cast<int>(of - 1)).shape(0));
     return ref;
   };
   std::vector<TensorRef> in, out;

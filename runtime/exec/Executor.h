@@ -108,10 +108,10 @@ public:
   void setTimeCollectives(bool on) {
     timeCollectives = on;
     collectiveTime = 0;
-    exchangeTime[0] = exchangeTime[1] = 0;
+    exchangeTime[0] = exchangeTime[1] = exchangeTime[2] = 0;
   }
   double collectiveSeconds() const { return collectiveTime; }
-  /// Of that, the expert exchange's parts: "messages X ms, gathering and summing Y ms".
+  /// Of that, the expert exchange's parts: "routing X ms, messages Y ms, gathering and summing Z ms".
   std::string exchangeBreakdown() const;
   /// The step the host is issuing now ("step 12 (expert_send) [moe.ep_send in
   /// @..[3]]"), for a watchdog on another thread; the device may be behind it.
@@ -157,17 +157,21 @@ private:
   /// An expert route of this run, on the host: which of this rank's tokens go to which rank.
   struct ExpertRoute {
     std::vector<size_t> sent, received; // tokens to and from each rank of the group
-    std::vector<int64_t> tokensSent;    // the sent tokens, grouped by destination rank
+    std::vector<int64_t> tokensSent;    // the sent tokens, grouped by destination rank (device rows)
     std::vector<int64_t> rowOf;         // [tokens, ranks]: a token's row among them, or -1
   };
   /// Each route of this run by its layout buffer (the sends and returns of its layer read it;
   /// a recomputed route writes it again).
   std::map<uint32_t, ExpertRoute> routes;
-  /// Rows each expert route received in this run, by its received-indices buffer (see invoke()).
-  std::map<uint32_t, int64_t> receivedRows;
+  /// Tokens and expert copies each expert route received in this run, by its received-indices
+  /// buffer (see invoke()).
+  struct Received {
+    int64_t tokens = 0, copies = 0;
+  };
+  std::map<uint32_t, Received> receivedRows;
   bool timeCollectives = false;
   double collectiveTime = 0;
-  double exchangeTime[2] = {0, 0}; // messages, gathering and summing rows
+  double exchangeTime[3] = {0, 0, 0}; // messages, gathering and summing rows, routing
   std::atomic<int> issuing{-1};
 };
 

@@ -3,10 +3,10 @@
 // EXPERT_ROUTE, EXPERT_SEND and EXPERT_RETURN (plan.proto): expert
 // parallelism moves each token once to every rank holding one of its experts.
 // The route reads the tokens' experts to the host (NCCL needs message sizes
-// there; one wait for the device per layer), decides the destinations, swaps
-// the counts with the other ranks and sends each token's experts as local
-// numbers. A send gathers the tokens' rows per destination with one copy
-// kernel (Device::copyBlocks) and exchanges one message per pair of ranks; a
+// there), decides the destinations, swaps the counts with the other ranks
+// (another wait) and sends each token's experts as local numbers. A send
+// gathers the tokens' rows per destination with one kernel
+// (Device::gatherRows) and exchanges one message per pair of ranks; a
 // return exchanges the other way and adds each token's rows from its ranks
 // with one kernel (Device::sumRows).
 //
@@ -42,6 +42,7 @@ size_t total(const std::vector<size_t> &counts) { return std::accumulate(counts.
 } // namespace
 
 absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Communicator &comm) {
+  auto start = std::chrono::steady_clock::now();
   TensorRef indices = buffer(collective.inputs(0)), local = buffer(collective.outputs(0));
   TensorRef layout = buffer(collective.outputs(1));
   int n = comm.size();
@@ -73,32 +74,40 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
     }
   std::vector<int32_t> localI32;
   std::vector<int64_t> localI64;
+  std::vector<int64_t> counts(2 * static_cast<size_t>(n), 0); // (tokens, expert copies) per rank
   for (int r = 0; r < n; ++r)
     for (int64_t t : to[r]) {
       route.rowOf[t * n + r] = static_cast<int64_t>(route.tokensSent.size());
       route.tokensSent.push_back(t);
       for (int64_t j = 0; j < k; ++j) {
         int64_t e = chosen[t * k + j], mine = e / perRank == r ? e - r * perRank : -1;
+        counts[2 * r + 1] += mine >= 0;
         if (indices.dtype == plan::I64)
           localI64.push_back(mine);
         else
           localI32.push_back(static_cast<int32_t>(mine));
       }
     }
-  for (int r = 0; r < n; ++r)
+  for (int r = 0; r < n; ++r) {
     route.sent[r] = to[r].size();
+    counts[2 * r] = static_cast<int64_t>(to[r].size());
+  }
   // The counts: row 0 of the layout is what this rank sends to each rank, row 1 (after the
   // swap) what it receives from each.
-  std::vector<int64_t> counts(route.sent.begin(), route.sent.end());
   if (absl::Status s = dev->uploadStaged(layout.data, counts.data(), counts.size() * sizeof(int64_t)); !s.ok())
     return s;
-  std::vector<size_t> one(static_cast<size_t>(n), 1);
+  std::vector<size_t> pair(static_cast<size_t>(n), 2);
   auto *rows = static_cast<int64_t *>(layout.data);
-  if (absl::Status s = comm.allToAll(rows, one, rows + n, one, plan::I64); !s.ok())
+  if (absl::Status s = comm.allToAll(rows, pair, rows + 2 * n, pair, plan::I64); !s.ok())
     return s;
-  if (absl::Status s = dev->download(counts.data(), rows + n, counts.size() * sizeof(int64_t)); !s.ok())
+  if (absl::Status s = dev->download(counts.data(), rows + 2 * n, counts.size() * sizeof(int64_t)); !s.ok())
     return s;
-  route.received.assign(counts.begin(), counts.end());
+  Received got;
+  for (int r = 0; r < n; ++r) {
+    route.received.push_back(static_cast<size_t>(counts[2 * r]));
+    got.tokens += counts[2 * r];
+    got.copies += counts[2 * r + 1];
+  }
   size_t received = total(route.received);
   if (route.tokensSent.size() > static_cast<size_t>(tokens) * n || received > static_cast<size_t>(local.dim(0)))
     return absl::InternalError(absl::StrCat("the route sends ", route.tokensSent.size(), " tokens and receives ",
@@ -115,8 +124,13 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
                                      segments(route.received, static_cast<size_t>(k)), indices.dtype);
       !s.ok())
     return s;
-  receivedRows[collective.outputs(0)] = static_cast<int64_t>(received);
+  receivedRows[collective.outputs(0)] = got;
   routes[collective.outputs(1)] = std::move(route);
+  if (timeCollectives) {
+    if (absl::Status s = dev->synchronize(); !s.ok())
+      return s;
+    exchangeTime[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   return absl::OkStatus();
 }
 
@@ -148,11 +162,8 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
   std::vector<Segment> tokenSide = segments(route.sent, width), expertSide = segments(route.received, width);
   if (send) {
     // Rows past the received ones are not written: launches see the received rows only.
-    std::vector<Device::Block> gather;
-    gather.reserve(sent);
-    for (size_t p = 0; p < sent; ++p)
-      gather.push_back({p * rowBytes, static_cast<size_t>(route.tokensSent[p]) * rowBytes, rowBytes});
-    if (absl::Status s = part(1, [&] { return dev->copyBlocks(staging, rows.data, gather); }); !s.ok())
+    if (absl::Status s = part(1, [&] { return dev->gatherRows(staging, rows.data, route.tokensSent, rowBytes); });
+        !s.ok())
       return s;
     return part(0, [&] { return comm.exchange(staging, tokenSide, result.data, expertSide, rows.dtype); });
   }
@@ -165,9 +176,9 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
 }
 
 std::string Executor::exchangeBreakdown() const {
-  char text[160];
-  std::snprintf(text, sizeof text, "messages %.1f ms, gathering and summing rows %.1f ms", exchangeTime[0] * 1e3,
-                exchangeTime[1] * 1e3);
+  char text[200];
+  std::snprintf(text, sizeof text, "routing %.1f ms, messages %.1f ms, gathering and summing rows %.1f ms",
+                exchangeTime[2] * 1e3, exchangeTime[0] * 1e3, exchangeTime[1] * 1e3);
   return text;
 }
 

@@ -153,7 +153,10 @@ void appendRank(std::string &out, const Rank &rank) {
     absl::StrAppend(&out, "  %", buffer.id(), " ", roleText(buffer.role()), " ", dtypeText(buffer.dtype()), " ",
                     shapeToString(buffer.shape()), " @", buffer.offset(), "+", buffer.size_bytes(), " live ",
                     buffer.first_step(), "..", buffer.last_step(), " ", quoted(buffer.name()),
-                    buffer.received_rows_of() ? absl::StrCat(" rows_of %", buffer.received_rows_of() - 1) : "",
+                    buffer.received_rows_of()
+                        ? absl::StrCat(buffer.received_copies() ? " copies_of %" : " rows_of %",
+                                       buffer.received_rows_of() - 1)
+                        : "",
                     "\n");
   for (const WeightBinding &binding : rank.weights())
     absl::StrAppend(&out, "  ", bindingText(binding), "\n");

@@ -439,6 +439,10 @@ private:
           ok = false;
         }
       }
+      if (buffer.received_copies() && buffer.received_rows_of() == 0) {
+        problems.add(at, "received_copies is set without received_rows_of (the route whose copies these are)");
+        ok = false;
+      }
       bufferOk[i] = ok;
     }
   }
@@ -684,9 +688,9 @@ private:
       say(absl::StrCat("num_experts is ", collective.num_experts(), ", expected a positive multiple of the group size (",
                        n, ")"));
     const Buffer *layout = route ? out[1] : in[1];
-    if (layout->dtype() != I64 || dims(layout) != std::vector<int64_t>{2, n})
+    if (layout->dtype() != I64 || dims(layout) != std::vector<int64_t>{2, 2 * n})
       say(absl::StrCat("layout is ", dtypeName(layout->dtype()), " [", absl::StrJoin(dims(layout), ","),
-                       "], expected i64 [2, ", n, "] (group size ", n, ")"));
+                       "], expected i64 [2, ", 2 * n, "] (group size ", n, ")"));
     // Rows: [T, W] on the token's rank, [n T, W] where they are received.
     const Buffer *narrow = route || send ? in[0] : out[0], *wide = route || send ? out[0] : in[0];
     std::vector<int64_t> w = dims(wide), r = dims(narrow);

@@ -295,7 +295,7 @@ TEST_F(PlanValidatorTest, AcceptsJoinedAxesAndRejectsARepeatedOne) {
 }
 
 /// Step 4 of both ranks becomes an expert route over the two-rank group: indices [6, 2] i32
-/// in, received indices `received` and the layout [2, 2] i64 out (input buffers appended
+/// in, received indices `received` and the layout [2, 4] i64 out (input buffers appended
 /// past the test plan's inputs, so no live range conflicts).
 void makeExpertRoute(Plan &plan, std::initializer_list<int64_t> received, int64_t experts = 4) {
   for (Rank &rank : *plan.mutable_ranks()) {
@@ -305,7 +305,7 @@ void makeExpertRoute(Plan &plan, std::initializer_list<int64_t> received, int64_
       at += rank.buffers(static_cast<int>(id)).size_bytes();
       return id;
     };
-    uint32_t indices = add("indices", I32, {6, 2}), layout = add("layout", I64, {2, 2}),
+    uint32_t indices = add("indices", I32, {6, 2}), layout = add("layout", I64, {2, 4}),
              local = add("local", I32, received);
     for (Arena &arena : *rank.mutable_arenas())
       if (arena.role() == INPUT)

@@ -11,6 +11,8 @@
 // RUN:   --mesh dp=2,ep=2 --emit=report | FileCheck %s --check-prefix=PLANREPORT
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj,o_proj --lora-rank 4 --seq-len 96 \
 // RUN:   --mesh tp=2 --emit=plan-text | FileCheck %s --check-prefix=TP
+// RUN: moec compile %inputs/golden_qwen3_moe.json --dtype bfloat16 --seq-len 96 --mesh ep=2 --emit=mlir \
+// RUN:   | FileCheck %s --check-prefix=WIDE
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
 
@@ -22,7 +24,7 @@
 // CHECK: group 0 ep [0,1]
 // CHECK: group 1 dp+ep [0,1,2,3]
 // CHECK: "layer0.ep_route.{{[0-9]+}}#0" rows_of %[[ROUTED:[0-9]+]]
-// CHECK: "layer0.dispatch.{{[0-9]+}}#0" rows_of %[[ROUTED]]
+// CHECK: "layer0.dispatch.{{[0-9]+}}#0" copies_of %[[ROUTED]]
 // CHECK: weight f32 [4,32,64]{{.*}}"model.layers.0.mlp.experts.{expert}.gate_proj.weight"
 // CHECK: bind %{{[0-9]+}} "model.layers.0.mlp.experts.{expert}.gate_proj.weight" first_expert=0
 // CHECK: expert_route g0
@@ -57,6 +59,12 @@
 // PLANREPORT: expert_route     ep     forward        2          1,206  each token's experts
 // PLANREPORT: expert_send      ep     forward        4         39,826  hidden states and router weights
 // PLANREPORT: expert_send      ep     backward       2         38,620
+
+// On bf16 data each expert-parallel rank's partial sum stays f32 until the residual add (the
+// sum on the right), so the ranks' parts are rounded once, as one GPU's combine rounds.
+// WIDE: %[[PART:.*]] = moe.combine %{{.*}} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x64xf32>
+// WIDE-NEXT: %[[SUM:.*]] = moe.ep_return %[[PART]], %{{.*}} : (tensor<?x64xf32>, tensor<2x4xi64>) -> tensor<?x64xf32>
+// WIDE-NEXT: moe.add %{{.*}}, %[[SUM]] : tensor<?x64xbf16>, tensor<?x64xf32>
 
 // Tensor parallel: each rank binds its rows of q/k/v and its columns of o; the attention's
 // output is summed over tp (the forward's all-reduce; the backward's sums the input's

@@ -261,11 +261,39 @@ func.func @combine_features(%eo: tensor<?x2048xbf16>, %ri: tensor<?x8xi32>, %rw:
 
 // -----
 
-// Tests that combine keeps the expert output's element type.
-func.func @combine_dtype(%eo: tensor<?x2048xbf16>, %ri: tensor<?x8xi32>, %rw: tensor<?x8xf32>) -> tensor<?x2048xf32> {
-  // expected-error @+1 {{'moe.combine' op result element type 'f32' differs from expert_output element type 'bf16'}}
-  %y = moe.combine %eo, %ri, %rw : (tensor<?x2048xbf16>, tensor<?x8xi32>, tensor<?x8xf32>) -> tensor<?x2048xf32>
-  return %y : tensor<?x2048xf32>
+// Tests that combine keeps the expert output's element type or widens it to f32 (an
+// expert-parallel rank's partial sum), never narrows it.
+func.func @combine_dtype(%eo: tensor<?x2048xf32>, %ri: tensor<?x8xi32>, %rw: tensor<?x8xf32>) -> tensor<?x2048xbf16> {
+  // expected-error @+1 {{'moe.combine' op result element type 'bf16' differs from expert_output element type 'f32'}}
+  %y = moe.combine %eo, %ri, %rw : (tensor<?x2048xf32>, tensor<?x8xi32>, tensor<?x8xf32>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+
+// -----
+
+// Tests that an expert route's experts split over its ranks.
+func.func @ep_route_uneven(%i: tensor<?x8xi32>) -> tensor<?x8xi32> {
+  // expected-error @+1 {{'moe.ep_route' op needs ranks >= 1 dividing num_experts, got ranks = 3 and num_experts = 128}}
+  %l, %layout = moe.ep_route %i {axis = "ep", ranks = 3 : i64, num_experts = 128 : i64} : (tensor<?x8xi32>) -> (tensor<?x8xi32>, tensor<2x6xi64>)
+  return %l : tensor<?x8xi32>
+}
+
+// -----
+
+// Tests that an expert route's layout has (tokens, copies) per rank, sent and received.
+func.func @ep_route_layout(%i: tensor<?x8xi32>) -> tensor<?x8xi32> {
+  // expected-error @+1 {{'moe.ep_route' op layout dimension 1 must be 4 (tokens and expert copies per rank), got 2}}
+  %l, %layout = moe.ep_route %i {axis = "ep", ranks = 2 : i64, num_experts = 128 : i64} : (tensor<?x8xi32>) -> (tensor<?x8xi32>, tensor<2x2xi64>)
+  return %l : tensor<?x8xi32>
+}
+
+// -----
+
+// Tests that a send keeps its rows' width.
+func.func @ep_send_width(%x: tensor<?x2048xbf16>, %layout: tensor<2x4xi64>) -> tensor<?x1024xbf16> {
+  // expected-error @+1 {{'moe.ep_send' op result dimension 1 must be 2048 (input dimension 1), got 1024}}
+  %y = moe.ep_send %x, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x2048xbf16>, tensor<2x4xi64>) -> tensor<?x1024xbf16>
+  return %y : tensor<?x1024xbf16>
 }
 
 // -----

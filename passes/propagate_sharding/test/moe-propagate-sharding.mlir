@@ -21,13 +21,13 @@
 // CHECK: moe.param @up {{.*}} : tensor<4x8x16xf32> sharding #moe.sharding<[ep, _, _]>
 // CHECK: moe.param @down {{.*}} : tensor<4x16x8xf32> sharding #moe.sharding<[ep, _, _]>
 // CHECK: %[[W:.*]], %[[IDX:.*]] = moe.router
-// CHECK: %[[LOCAL:.*]], %[[LAYOUT:.*]] = moe.ep_route %[[IDX]] {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64} : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x2xi64>)
-// CHECK: %[[X:.*]] = moe.ep_send %[[H:.*]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x2xi64>) -> tensor<?x16xf32>
+// CHECK: %[[LOCAL:.*]], %[[LAYOUT:.*]] = moe.ep_route %[[IDX]] {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64} : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x4xi64>)
+// CHECK: %[[X:.*]] = moe.ep_send %[[H:.*]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x4xi64>) -> tensor<?x16xf32>
 // CHECK: %[[TOK:.*]], %[[CNT:.*]] = moe.dispatch %[[X]], %[[LOCAL]] {num_experts = 2 : i64} : (tensor<?x16xf32>, tensor<?x2xi32>) -> (tensor<?x16xf32>, tensor<2xi64>)
 // CHECK: %[[UP:.*]] = moe.weight @up : tensor<2x8x16xf32>
 // CHECK: %[[DOWN:.*]] = moe.weight @down : tensor<2x16x8xf32>
 // CHECK: %[[Y:.*]] = moe.expert_mlp %[[TOK]], %[[CNT]], up %[[UP]], down %[[DOWN]]
-// CHECK: %[[RW:.*]] = moe.ep_send %[[W]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x2xf32>, tensor<2x2xi64>) -> tensor<?x2xf32>
+// CHECK: %[[RW:.*]] = moe.ep_send %[[W]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64} : (tensor<?x2xf32>, tensor<2x4xi64>) -> tensor<?x2xf32>
 // CHECK: %[[PART:.*]] = moe.combine %[[Y]], %[[LOCAL]], %[[RW]]
 // CHECK: %[[OUT:.*]] = moe.ep_return %[[PART]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64}
 // CHECK: moe.add %{{.*}}, %[[OUT]]

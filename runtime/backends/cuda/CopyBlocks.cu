@@ -3,7 +3,8 @@
 // Every thread copies units (16, 4 or 1 bytes: the largest that divides every
 // offset and size) in a grid-stride loop over all blocks' units laid end to
 // end; a unit finds its block by binary search in the blocks' first units.
-// sumRows adds rows named by a table: one block per destination row.
+// gatherRows and sumRows copy or add rows named by a table: one block per
+// destination row.
 //
 //===----------------------------------------------------------------------===//
 
@@ -45,6 +46,14 @@ __device__ float toFloat(float v) { return v; }
 __device__ float toFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ void fromFloat(float &out, float v) { out = v; }
 __device__ void fromFloat(__nv_bfloat16 &out, float v) { out = __float2bfloat16_rn(v); }
+
+/// One block per destination row, copying units (16, 4 or 1 bytes).
+template <typename Unit>
+__global__ void gatherRowsKernel(Unit *dst, const Unit *src, const int64_t *rows, int64_t units) {
+  int64_t i = blockIdx.x, from = rows[i] * units;
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x)
+    dst[i * units + u] = src[from + u];
+}
 
 /// One block per destination row; the sources in table order, f32 accumulation.
 template <typename T>
@@ -137,23 +146,54 @@ std::string BlockCopier::reserveTable(size_t bytes) {
   return "";
 }
 
-std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
-                                 size_t width, bool bf16) {
-  size_t count = perRow ? rows.size() / perRow : 0;
-  if (count == 0 || width == 0)
-    return "";
-  size_t bytes = rows.size() * sizeof(int64_t);
+std::string BlockCopier::uploadTable(const void *host, size_t bytes) {
   auto s = static_cast<cudaStream_t>(stream);
   int k = 0;
   if (std::string e = nextPinned(bytes, k); !e.empty())
     return e;
   if (std::string e = reserveTable(bytes); !e.empty())
     return e;
-  std::memcpy(pinned[k], rows.data(), bytes);
+  std::memcpy(pinned[k], host, bytes);
   if (cudaError_t e = cudaMemcpyAsync(table, pinned[k], bytes, cudaMemcpyHostToDevice, s); e != cudaSuccess)
-    return error(e, "sumRows: table upload");
+    return error(e, "row table upload");
   if (cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(uploaded[k]), s); e != cudaSuccess)
-    return error(e, "sumRows: cudaEventRecord");
+    return error(e, "row table: cudaEventRecord");
+  return "";
+}
+
+std::string BlockCopier::gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) {
+  if (rows.empty() || rowBytes == 0)
+    return "";
+  if (std::string e = uploadTable(rows.data(), rows.size() * sizeof(int64_t)); !e.empty())
+    return e;
+  auto s = static_cast<cudaStream_t>(stream);
+  const auto *device = static_cast<const int64_t *>(table);
+  unsigned grid = static_cast<unsigned>(rows.size());
+  auto aligned = [&](size_t unit) {
+    return rowBytes % unit == 0 && (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % unit == 0;
+  };
+  if (aligned(16))
+    gatherRowsKernel<<<grid, 128, 0, s>>>(static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), device,
+                                          static_cast<int64_t>(rowBytes / 16));
+  else if (aligned(4))
+    gatherRowsKernel<<<grid, 128, 0, s>>>(static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src), device,
+                                          static_cast<int64_t>(rowBytes / 4));
+  else
+    gatherRowsKernel<<<grid, 128, 0, s>>>(static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), device,
+                                          static_cast<int64_t>(rowBytes));
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return error(e, "gatherRows kernel launch");
+  return "";
+}
+
+std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
+                                 size_t width, bool bf16) {
+  size_t count = perRow ? rows.size() / perRow : 0;
+  if (count == 0 || width == 0)
+    return "";
+  if (std::string e = uploadTable(rows.data(), rows.size() * sizeof(int64_t)); !e.empty())
+    return e;
+  auto s = static_cast<cudaStream_t>(stream);
   const auto *device = static_cast<const int64_t *>(table);
   unsigned grid = static_cast<unsigned>(count);
   if (bf16)

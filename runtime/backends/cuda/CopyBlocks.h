@@ -35,6 +35,9 @@ public:
   /// Copies `bytes` from the host to `dst` through the same pinned buffers, without waiting
   /// for the stream.
   std::string upload(void *dst, const void *host, size_t bytes);
+  /// dst row i = src row rows[i], rows of `rowBytes` bytes; the row table travels like a block
+  /// table.
+  std::string gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes);
   /// dst row t = the sum of src rows rows[t perRow + s] (s in order; negative: none) with f32
   /// accumulation, for rows.size() / perRow rows of `width` f32 (or bf16) elements; the row
   /// table travels like a block table.
@@ -44,6 +47,8 @@ public:
 private:
   /// The device table, with room for `bytes` (a larger one waits for the stream first).
   std::string reserveTable(size_t bytes);
+  /// `bytes` of `host` into the device table through a pinned buffer, without waiting.
+  std::string uploadTable(const void *host, size_t bytes);
   /// The next pinned buffer, with room for `bytes`, once the upload that last read it is done.
   std::string nextPinned(size_t bytes, int &slot);
 

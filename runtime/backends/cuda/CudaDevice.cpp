@@ -92,6 +92,12 @@ public:
     std::string error = copier->copy(dst, src, table);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
+  absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) override {
+    if (!copier)
+      copier = std::make_unique<BlockCopier>(cudaStream);
+    std::string error = copier->gatherRows(dst, src, rows, rowBytes);
+    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
+  }
   absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
                        plan::DType dtype) override {
     if (dtype != plan::F32 && dtype != plan::BF16)

@@ -22,15 +22,15 @@ module {
       %7 = moe.add %3, %6 : tensor<?x16xf32>
       %8 = moe.weight @router : tensor<4x16xf32>
       %weights, %indices = moe.router %7, %8 {norm_topk_prob, scoring = #moe<scoring softmax>, top_k = 2 : i64} : (tensor<?x16xf32>, tensor<4x16xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
-      %local_indices, %layout = moe.ep_route %indices {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64} : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x2xi64>)
-      %received = moe.ep_send %7, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x2xi64>) -> tensor<?x16xf32>
+      %local_indices, %layout = moe.ep_route %indices {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64} : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x4xi64>)
+      %received = moe.ep_send %7, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x4xi64>) -> tensor<?x16xf32>
       %tokens, %counts = moe.dispatch %received, %local_indices {num_experts = 2 : i64} : (tensor<?x16xf32>, tensor<?x2xi32>) -> (tensor<?x16xf32>, tensor<2xi64>)
       %9 = moe.weight @up : tensor<2x8x16xf32>
       %10 = moe.weight @down : tensor<2x16x8xf32>
       %11 = moe.expert_mlp %tokens, %counts, up %9, down %10 {activation = #moe<activation relu2>} : (tensor<?x16xf32>, tensor<2xi64>, tensor<2x8x16xf32>, tensor<2x16x8xf32>) -> tensor<?x16xf32>
-      %rw = moe.ep_send %weights, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x2xf32>, tensor<2x2xi64>) -> tensor<?x2xf32>
+      %rw = moe.ep_send %weights, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x2xf32>, tensor<2x4xi64>) -> tensor<?x2xf32>
       %12 = moe.combine %11, %local_indices, %rw : (tensor<?x16xf32>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x16xf32>
-      %13 = moe.ep_return %12, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x2xi64>) -> tensor<?x16xf32>
+      %13 = moe.ep_return %12, %layout {axis = "ep", ranks = 2 : i64} : (tensor<?x16xf32>, tensor<2x4xi64>) -> tensor<?x16xf32>
       %14 = moe.add %arg0, %13 : tensor<?x16xf32>
       moe.yield %14 : tensor<?x16xf32>
     }

@@ -6,8 +6,9 @@
 // combine: expert_output [T*k, D] in that order, indices, weights [T, k] ->
 // result[t] = Σ_j weights[t, j] * expert_output[row of (t, j)], the slots
 // summed in slot order. Both backwards are the transposed gathers. A negative
-// index is an expert on another rank (expert parallel): no copy (a zero row
-// after every expert's rows), no term, a zero weight gradient.
+// index is an expert on another rank (expert parallel): no copy, no term, a
+// zero weight gradient; the copies' buffers then have a row per copy made (at
+// least; the executor hands over as many as the route received).
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,10 +33,25 @@ int64_t expertsSeen(const KernelContext &ctx, const TensorRef &indices) {
   return top + 1;
 }
 
+/// The copies' rows: at least one per copy made (non-negative index), at most one per
+/// (token, slot).
+void expectCopyRows(const KernelContext &ctx, const TensorRef &t, const char *what, const TensorRef &indices,
+                    int64_t features) {
+  int64_t made = 0;
+  for (int64_t i = 0; i < indices.numel(); ++i)
+    made += indices.index(i) >= 0;
+  if (t.rank() == 2 && t.dim(0) >= made && t.dim(0) <= indices.numel() && t.dim(1) == features)
+    return;
+  std::string shape = "[";
+  for (int64_t d = 0; d < t.rank(); ++d)
+    shape += (d ? "," : "") + std::to_string(t.dim(d));
+  ctx.fail(std::string(what) + " has shape " + shape + "], expected [rows, " + std::to_string(features) + "] with " +
+           std::to_string(made) + " <= rows <= " + std::to_string(indices.numel()) + " (a row per expert copy)");
+}
+
 struct Combine {
   int64_t tokens, topK, features;
   const float *expertOutput, *weights;
-  const TensorRef *indices;
   std::vector<int64_t> rows;
 };
 
@@ -48,11 +64,10 @@ Combine parseCombine(const KernelContext &ctx) {
   c.tokens = indices.dim(0);
   c.topK = indices.dim(1);
   ctx.expectShape(weights, "weights", {c.tokens, c.topK});
-  ctx.expectShape(out, "expert_output", {c.tokens * c.topK, -1});
-  c.features = out.dim(1);
+  c.features = out.rank() == 2 ? out.dim(1) : -1;
+  expectCopyRows(ctx, out, "expert_output", indices, c.features);
   c.expertOutput = out.f32();
   c.weights = weights.f32();
-  c.indices = &indices;
   c.rows = expertMajorRows(ctx, indices, expertsSeen(ctx, indices));
   return c;
 }
@@ -71,7 +86,7 @@ void dispatchForward(KernelContext &ctx) {
   if (ctx.outputs.size() != 2)
     ctx.fail("expected 2 outputs (tokens, counts), got " + std::to_string(ctx.outputs.size()));
   expectF32(ctx, ctx.out(0), "tokens");
-  ctx.expectShape(ctx.out(0), "tokens", {tokens * topK, features});
+  expectCopyRows(ctx, ctx.out(0), "tokens", indices, features);
   if (ctx.out(1).dtype != plan::I64)
     ctx.fail("counts must be i64");
   ctx.expectShape(ctx.out(1), "counts", {experts});
@@ -82,13 +97,9 @@ void dispatchForward(KernelContext &ctx) {
   float *y = ctx.out(0).f32();
   ctx.parallelFor(tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      for (int64_t j = 0; j < topK; ++j) {
-        float *row = y + rows[t * topK + j] * features;
-        if (indices.index(t * topK + j) < 0)
-          std::fill_n(row, features, 0.0f);
-        else
-          std::copy_n(x + t * features, features, row);
-      }
+      for (int64_t j = 0; j < topK; ++j)
+        if (rows[t * topK + j] >= 0)
+          std::copy_n(x + t * features, features, y + rows[t * topK + j] * features);
   });
 }
 
@@ -103,14 +114,14 @@ void dispatchBackward(KernelContext &ctx) {
     return;
   int64_t tokens = input.dim(0), topK = indices.dim(1), features = input.dim(1);
   expectF32(ctx, *dTokens, "gradient of tokens");
-  ctx.expectShape(*dTokens, "gradient of tokens", {tokens * topK, features});
+  expectCopyRows(ctx, *dTokens, "gradient of tokens", indices, features);
   std::vector<int64_t> rows = expertMajorRows(ctx, indices, experts);
   const float *dy = dTokens->f32();
   float *dx = grads[0];
   ctx.parallelFor(tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t j = 0; j < topK; ++j) {
-        if (indices.index(t * topK + j) < 0)
+        if (rows[t * topK + j] < 0)
           continue;
         const float *src = dy + rows[t * topK + j] * features;
         for (int64_t d = 0; d < features; ++d)
@@ -129,7 +140,7 @@ void combineForward(KernelContext &ctx) {
       float *yt = y + t * c.features;
       std::fill_n(yt, c.features, 0.0f);
       for (int64_t j = 0; j < c.topK; ++j) {
-        if (c.indices->index(t * c.topK + j) < 0)
+        if (c.rows[t * c.topK + j] < 0)
           continue;
         float w = c.weights[t * c.topK + j];
         const float *src = c.expertOutput + c.rows[t * c.topK + j] * c.features;
@@ -155,9 +166,7 @@ void combineBackward(KernelContext &ctx) {
       const float *g = dy + t * c.features;
       for (int64_t j = 0; j < c.topK; ++j) {
         int64_t row = c.rows[t * c.topK + j];
-        if (c.indices->index(t * c.topK + j) < 0) {
-          if (dOut)
-            std::fill_n(dOut + row * c.features, c.features, 0.0f);
+        if (row < 0) {
           if (dWeights)
             dWeights[t * c.topK + j] = 0.0f;
           continue;

@@ -43,9 +43,8 @@ void expectF32(const KernelContext &ctx, const TensorRef &t, const char *what);
 /// For each copy (t, j) of indices [T, k], the row it takes in dispatch's
 /// expert-major order: rows grouped by expert in increasing expert order and,
 /// within one expert, in (token, slot) order (a stable counting sort). A negative
-/// index (an expert on another rank) makes no copy: its row is one of the rows
-/// after every expert's, in copy order, which the kernels set to zero. Fails on
-/// an index >= numExperts. `counts` (if given) gets rows per expert.
+/// index (an expert on another rank) makes no copy: its row is -1. Fails on an
+/// index >= numExperts. `counts` (if given) gets rows per expert.
 std::vector<int64_t> expertMajorRows(const KernelContext &ctx, const TensorRef &indices,
                                      int64_t numExperts, std::vector<int64_t> *counts = nullptr);
 

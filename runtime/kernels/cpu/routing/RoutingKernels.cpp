@@ -60,9 +60,8 @@ std::vector<int64_t> expertMajorRows(const KernelContext &ctx, const TensorRef &
   for (int64_t e = 0; e < numExperts; ++e)
     offset[e + 1] += offset[e];
   std::vector<int64_t> rows(copies);
-  int64_t tail = offset[numExperts]; // rows of the copies made here end there
   for (int64_t c = 0; c < copies; ++c)
-    rows[c] = indices.index(c) < 0 ? tail++ : offset[indices.index(c)]++;
+    rows[c] = indices.index(c) < 0 ? -1 : offset[indices.index(c)]++;
   return rows;
 }
 

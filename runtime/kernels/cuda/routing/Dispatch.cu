@@ -11,13 +11,15 @@
 //                      d weights = <dy, row> (double block reduction).
 // Everything is written (no pre-zeroed outputs), nothing uses float atomics.
 // A negative index (an expert on another rank) makes no copy: it sorts after
-// every expert, and its row (one of the last) is zero in the dispatch's output
-// and the combine's gradient; its combine term is absent, its weight gradient
-// zero (the CPU's rows, as both sorts are stable). Index values are not
-// range-checked on the host: they live on the device.
+// every expert, its combine term is absent and its weight gradient zero. The
+// copies' buffers then hold a row per copy made: the host cannot count them
+// (the indices live on the device), so it checks only the upper bound, and
+// the executor hands over as many rows as the route received. Index values
+// are not range-checked on the host either.
 //
 //===----------------------------------------------------------------------===//
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,11 +34,8 @@ namespace {
 __global__ void dispatchKernel(FloatIn x, const int32_t *perm, IndexIn indices, int64_t topK,
                                int64_t features, FloatOut y) {
   int64_t p = blockIdx.x, t = perm[p] / topK;
-  if (indices[perm[p]] < 0) {
-    for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
-      y.store(p * features + d, 0.0f);
+  if (indices[perm[p]] < 0)
     return;
-  }
   for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
     y.store(p * features + d, x[t * features + d]);
 }
@@ -75,9 +74,6 @@ __global__ void combineBackwardKernel(FloatIn out, const int32_t *rows, IndexIn 
   int64_t t = blockIdx.x;
   for (int64_t j = 0; j < topK; ++j) {
     if (indices[t * topK + j] < 0) { // uniform across the block
-      if (dOut)
-        for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
-          dOut.store(rows[t * topK + j] * features + d, 0.0f);
       if (dWeights && threadIdx.x == 0)
         dWeights.store(t * topK + j, 0.0f);
       continue;
@@ -100,6 +96,18 @@ __global__ void combineBackwardKernel(FloatIn out, const int32_t *rows, IndexIn 
   }
 }
 
+/// The copies' rows: [rows, features] with rows <= one per (token, slot).
+void expectCopyRows(const KernelContext &ctx, const TensorRef &t, const char *what, int64_t most,
+                    int64_t features) {
+  if (t.rank() == 2 && t.dim(0) <= most && t.dim(1) == features)
+    return;
+  std::string shape = "[";
+  for (int64_t d = 0; d < t.rank(); ++d)
+    shape += (d ? "," : "") + std::to_string(t.dim(d));
+  ctx.fail(std::string(what) + " has shape " + shape + "], expected [rows, " + std::to_string(features) +
+           "] with rows <= " + std::to_string(most) + " (a row per expert copy)");
+}
+
 struct Combine {
   int64_t tokens, topK, features;
   const TensorRef *expertOutput, *indices, *weights;
@@ -114,8 +122,8 @@ Combine parseCombine(const KernelContext &ctx) {
   c.tokens = indices.dim(0);
   c.topK = indices.dim(1);
   ctx.expectShape(weights, "weights", {c.tokens, c.topK});
-  ctx.expectShape(out, "expert_output", {c.tokens * c.topK, -1});
-  c.features = out.dim(1);
+  c.features = out.rank() == 2 ? out.dim(1) : -1;
+  expectCopyRows(ctx, out, "expert_output", c.tokens * c.topK, c.features);
   expectIndices(ctx, indices);
   c.expertOutput = &out;
   c.indices = &indices;
@@ -137,7 +145,7 @@ void dispatchForward(KernelContext &ctx) {
   if (ctx.outputs.size() != 2)
     ctx.fail("expected 2 outputs (tokens, counts), got " + std::to_string(ctx.outputs.size()));
   expectFloat(ctx, ctx.out(0), "tokens");
-  ctx.expectShape(ctx.out(0), "tokens", {tokens * topK, features});
+  expectCopyRows(ctx, ctx.out(0), "tokens", tokens * topK, features);
   if (ctx.out(1).dtype != plan::I64)
     ctx.fail("counts must be i64");
   ctx.expectShape(ctx.out(1), "counts", {experts});
@@ -145,9 +153,11 @@ void dispatchForward(KernelContext &ctx) {
   int64_t copies = tokens * topK;
   DeviceBuffer perm(ctx, copies * sizeof(int32_t));
   expertMajorOrder(ctx, indices, nullptr, perm.as<int32_t>(), ctx.out(1).i64(), experts);
-  if (copies == 0 || features == 0)
+  // The copies made come first in the order; a row each (the rest sort last and make none).
+  int64_t rows = std::min(copies, ctx.out(0).dim(0));
+  if (rows == 0 || features == 0)
     return;
-  dispatchKernel<<<static_cast<unsigned>(copies), 128, 0, streamOf(ctx)>>>(
+  dispatchKernel<<<static_cast<unsigned>(rows), 128, 0, streamOf(ctx)>>>(
       floatIn(input), perm.as<int32_t>(), indexIn(indices), topK, features, floatOut(ctx.out(0)));
   checkLaunch(ctx, "dispatch");
 }
@@ -163,7 +173,7 @@ void dispatchBackward(KernelContext &ctx) {
     return;
   int64_t tokens = input.dim(0), topK = indices.dim(1), features = input.dim(1);
   expectFloat(ctx, *dTokens, "gradient of tokens");
-  ctx.expectShape(*dTokens, "gradient of tokens", {tokens * topK, features});
+  expectCopyRows(ctx, *dTokens, "gradient of tokens", tokens * topK, features);
   expectIndices(ctx, indices);
   int64_t copies = tokens * topK;
   if (copies == 0 || features == 0)

@@ -23,6 +23,14 @@ using moec::runtime::testing::indexTensor;
 struct Case {
   int64_t tokens, topK, features, experts;
   std::vector<int64_t> indices;
+
+  /// Expert copies made: one per non-negative index (a row each).
+  int64_t copies() const {
+    int64_t n = 0;
+    for (int64_t e : indices)
+      n += e >= 0;
+    return n;
+  }
 };
 
 /// The CPU test's sample: expert 2 of 5 gets nothing; tokens repeat experts.
@@ -63,15 +71,14 @@ KernelCall dispatchCall(const Case &c, uint64_t seed, plan::DType indexType = pl
   call.input(tensorOf({c.tokens, c.features}, randomBf16(c.tokens * c.features, seed)))
       .input(indexTensor(indexType, {c.tokens, c.topK}, c.indices))
       .attr("num_experts", c.experts)
-      .output(plan::F32, {c.tokens * c.topK, c.features})
+      .output(plan::F32, {c.copies(), c.features})
       .output(plan::I64, {c.experts});
   return call;
 }
 
 KernelCall combineCall(const Case &c, uint64_t seed, plan::DType indexType = plan::I32) {
   KernelCall call(registry(), "combine");
-  call.input(tensorOf({c.tokens * c.topK, c.features},
-                      randomBf16(c.tokens * c.topK * c.features, seed)))
+  call.input(tensorOf({c.copies(), c.features}, randomBf16(c.copies() * c.features, seed)))
       .input(indexTensor(indexType, {c.tokens, c.topK}, c.indices))
       .input(tensorOf({c.tokens, c.topK}, randomBf16(c.tokens * c.topK, seed + 1)))
       .output(plan::F32, {c.tokens, c.features});
@@ -98,7 +105,7 @@ TEST(CudaDispatchBackward, SumsEachTokensCopies) {
       expectGpuMatchesCpu([&] {
         KernelCall forward = dispatchCall(c, seed, type);
         std::vector<OwnedTensor> grads{tensorOf(
-            {c.tokens * c.topK, c.features}, randomBf16(c.tokens * c.topK * c.features, seed + 1))};
+            {c.copies(), c.features}, randomBf16(c.copies() * c.features, seed + 1))};
         return backwardCall(registry(), forward, {0}, {0}, grads);
       });
       seed += 2;
@@ -160,9 +167,9 @@ TEST(CudaDispatchCombineErrors, BadLaunchesNameTheProblem) {
     call.input(tensorOf({c.tokens, c.features}, randomBf16(c.tokens * c.features, 11)))
         .input(indexTensor(plan::I32, {c.tokens, c.topK}, c.indices))
         .attr("num_experts", c.experts)
-        .output(plan::F32, {c.tokens, c.features})
+        .output(plan::F32, {c.tokens * c.topK + 1, c.features})
         .output(plan::I64, {c.experts});
-    expectRefused(call, "tokens has shape [7,5], expected [21,5]");
+    expectRefused(call, "tokens has shape [22,5], expected [rows, 5] with rows <= 21 (a row per expert copy)");
   }
   {
     KernelCall call = dispatchCall(c, 11);
@@ -171,8 +178,9 @@ TEST(CudaDispatchCombineErrors, BadLaunchesNameTheProblem) {
   }
   {
     KernelCall call = combineCall(c, 12);
-    call.inputsRef()[0] = tensorOf({c.tokens, c.features}, randomBf16(c.tokens * c.features, 13));
-    expectRefused(call, "expert_output has shape [7,5], expected [21,?]");
+    call.inputsRef()[0] = tensorOf({c.tokens * c.topK + 1, c.features},
+                                   randomBf16((c.tokens * c.topK + 1) * c.features, 13));
+    expectRefused(call, "expert_output has shape [22,5], expected [rows, 5] with rows <= 21");
   }
   {
     KernelCall forward = combineCall(c, 14);
