@@ -866,7 +866,8 @@ def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure,
     received token (a rank's partial sum of its experts' outputs); each goes
     back to the rank it came from, and the result `[T, W]` is, per token of
     this rank, the sum over the ranks it went to, in rank order (f32
-    accumulation). The backward is `moe.ep_send` of the gradient.
+    accumulation; f32 rows may sum into a narrower result, rounded once).
+    The backward is `moe.ep_send` of the gradient.
 
     ```mlir
     %y = moe.ep_return %partial, %layout {axis = "ep", ranks = 2 : i64}

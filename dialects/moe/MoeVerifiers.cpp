@@ -585,20 +585,22 @@ LogicalResult EpRouteOp::verify() {
                  epLayout(c, getLayout(), ranks));
 }
 
-/// ep_send and ep_return: rows in, rows out, the same width and element type.
+/// ep_send and ep_return: rows in, rows out, the same width and element type (a return may
+/// round f32 rows' sums to a narrower type).
 template <typename Op>
-static LogicalResult verifyEpRows(Op op) {
+static LogicalResult verifyEpRows(Op op, bool mayNarrow) {
   Checker c(op);
   if (op.getRanks() < 1)
     return op.emitOpError("needs ranks >= 1, got ") << op.getRanks();
+  bool narrows = mayNarrow && tensorType(op.getInput()).getElementType().isF32();
   return success(c.rank("input", op.getInput(), 2) && c.rank("result", op.getResult(), 2) &&
                  c.sameDim("input", op.getInput(), 1, "result", op.getResult(), 1) &&
-                 c.sameElementType("input", op.getInput(), "result", op.getResult()) &&
+                 (narrows || c.sameElementType("input", op.getInput(), "result", op.getResult())) &&
                  epLayout(c, op.getLayout(), op.getRanks()));
 }
 
-LogicalResult EpSendOp::verify() { return verifyEpRows(*this); }
-LogicalResult EpReturnOp::verify() { return verifyEpRows(*this); }
+LogicalResult EpSendOp::verify() { return verifyEpRows(*this, /*mayNarrow=*/false); }
+LogicalResult EpReturnOp::verify() { return verifyEpRows(*this, /*mayNarrow=*/true); }
 
 LogicalResult MicrobatchOp::verify() {
   int64_t index = getIndex(), count = getCount();

@@ -133,30 +133,15 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                            route.getLayout(), axis, ranksAttr);
       combine.getIndicesMutable().assign(route.getLocalIndices());
       combine.getWeightsMutable().assign(sendW.getResult());
-      // On narrower data, each rank's partial sum stays f32 until the ranks' parts are added to
-      // the residual (one rounding, as one GPU's combine makes), where every reader is a moe.add
-      // (it takes an f32 right-hand side).
+      // On narrower data each rank's partial sum stays f32, and the return rounds the ranks'
+      // sum once: the rounding one GPU's combine makes.
       auto sumType = cast<RankedTensorType>(combine.getType());
-      SmallVector<moe::AddOp> adds;
-      bool widen = !sumType.getElementType().isF32() && !combine->use_empty();
-      for (Operation *user : combine->getUsers())
-        if (auto add = dyn_cast<moe::AddOp>(user); add && add.getLhs() != add.getRhs())
-          adds.push_back(add);
-        else
-          widen = false;
-      if (widen)
+      if (!sumType.getElementType().isF32())
         combine.getResult().setType(RankedTensorType::get(sumType.getShape(), b.getF32Type()));
       b.setInsertionPointAfter(combine);
-      auto back = b.create<moe::EpReturnOp>(combine.getLoc(), combine.getType(), combine.getResult(),
-                                            route.getLayout(), axis, ranksAttr);
+      auto back = b.create<moe::EpReturnOp>(combine.getLoc(), sumType, combine.getResult(), route.getLayout(), axis,
+                                            ranksAttr);
       combine.getResult().replaceAllUsesExcept(back.getResult(), back);
-      if (widen)
-        for (moe::AddOp add : adds)
-          if (add.getLhs() == back.getResult()) { // the f32 sum goes on the right
-            Value other = add.getRhs();
-            add.getLhsMutable().assign(other);
-            add.getRhsMutable().assign(back.getResult());
-          }
     }
     return success();
   }

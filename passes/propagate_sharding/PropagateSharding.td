@@ -29,10 +29,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     run on the received tokens (this rank's share of each token's sum), and
     `moe.ep_return` brings each partial sum back to its token's rank, where
     the ranks' parts are added. On bf16 data the partial sums stay f32 (the
-    combine writes f32) until they are added to the residual (`moe.add` with
-    the sum on the right), one rounding as one GPU's combine makes, where
-    every reader of the combine is such an add. The backward of each
-    exchange is the other.
+    combine writes f32) and the return rounds the ranks' sum once, the
+    rounding one GPU's combine makes. The backward of each exchange is the
+    other.
 
     Tensor parallel (`tp`): the heads of every `moe.attention` whose
     projections can be traced split over the `tp` ranks, by the ops'

@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
   double back = run([&] {
     if (absl::Status s = comm.exchange(in, segments(tokenRecv), staging, segments(tokenSend), moec::plan::BF16); !s.ok())
       return s;
-    return status(copier.sumRows(out, staging, rowOf, static_cast<size_t>(n), width, true));
+    return status(copier.sumRows(out, staging, rowOf, static_cast<size_t>(n), width, true, true));
   });
   if (me == 0) {
     // Bus bandwidth as nccl-tests reports it: the bytes that leave the GPU over the time.

@@ -54,10 +54,10 @@ public:
     return absl::OkStatus();
   }
   absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
-                       plan::DType dtype) override {
-    if (dtype != plan::F32) // bf16 plans run as f32 here (emulatesBf16)
+                       plan::DType from, plan::DType to) override {
+    if (from != plan::F32 || to != plan::F32) // bf16 plans run as f32 here (emulatesBf16)
       return absl::InvalidArgumentError(std::string("sumRows on the CPU takes f32 rows, got ") +
-                                        plan::dtypeName(dtype));
+                                        plan::dtypeName(from) + " to " + plan::dtypeName(to));
     auto *out = static_cast<float *>(dst);
     const auto *in = static_cast<const float *>(src);
     for (size_t t = 0; t < rows.size() / perRow; ++t) {

@@ -57,10 +57,10 @@ public:
   virtual absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) = 0;
   /// dst row t = the sum of `perRow` rows of `src`, rows[t perRow + s] for s in order (a
   /// negative entry adds nothing), accumulated in f32; `rows.size() / perRow` rows of `width`
-  /// elements of `dtype` (f32 or bf16), ordered with the kernels (the expert exchange adds a
-  /// token's partial sums from the ranks it went to).
+  /// elements, `from` (f32 or bf16) in `src`, `to` in `dst` (rounded once), ordered with the
+  /// kernels (the expert exchange adds a token's partial sums from the ranks it went to).
   virtual absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
-                               size_t width, plan::DType dtype) = 0;
+                               size_t width, plan::DType from, plan::DType to) = 0;
   /// Waits for every kernel launched so far; reports an asynchronous failure.
   virtual absl::Status synchronize() = 0;
   /// What kernels get as ctx.stream / ctx.pool.

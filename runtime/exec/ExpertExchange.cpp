@@ -12,7 +12,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -43,7 +45,7 @@ size_t total(const std::vector<size_t> &counts) { return std::accumulate(counts.
 
 absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Communicator &comm) {
   auto start = std::chrono::steady_clock::now();
-  TensorRef indices = buffer(collective.inputs(0)), local = buffer(collective.outputs(0));
+  TensorRef indices = buffer(collective.inputs(0)), localIndices = buffer(collective.outputs(0));
   TensorRef layout = buffer(collective.outputs(1));
   int n = comm.size();
   int64_t tokens = indices.dim(0), k = indices.dim(1), experts = collective.num_experts();
@@ -54,44 +56,54 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
     std::vector<char> raw(chosen.size() * element);
     if (absl::Status s = dev->download(raw.data(), indices.data, raw.size()); !s.ok())
       return s;
-    for (size_t i = 0; i < chosen.size(); ++i)
-      chosen[i] = indices.dtype == plan::I64 ? reinterpret_cast<const int64_t *>(raw.data())[i]
-                                             : reinterpret_cast<const int32_t *>(raw.data())[i];
+    if (indices.dtype == plan::I64)
+      std::memcpy(chosen.data(), raw.data(), raw.size());
+    else
+      std::copy_n(reinterpret_cast<const int32_t *>(raw.data()), chosen.size(), chosen.data());
   }
+  // Which ranks each token goes to (a flag per rank), then each rank's tokens in token order,
+  // with their experts as that rank's numbers. Plain loops over flat arrays: this runs on the
+  // host between two waits for the device, once per MoE layer.
   ExpertRoute route;
-  route.sent.assign(static_cast<size_t>(n), 0);
-  route.rowOf.assign(static_cast<size_t>(tokens * n), -1);
-  std::vector<std::vector<int64_t>> to(static_cast<size_t>(n));
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t e = chosen[t * k + j];
-      if (e < 0 || e >= experts)
-        return absl::InvalidArgumentError(
-            absl::StrCat("token ", t, " chose expert ", e, ", outside [0, ", experts, ")"));
-      std::vector<int64_t> &list = to[static_cast<size_t>(e / perRank)];
-      if (list.empty() || list.back() != t)
-        list.push_back(t);
-    }
-  std::vector<int32_t> localI32;
-  std::vector<int64_t> localI64;
-  std::vector<int64_t> counts(2 * static_cast<size_t>(n), 0); // (tokens, expert copies) per rank
-  for (int r = 0; r < n; ++r)
-    for (int64_t t : to[r]) {
-      route.rowOf[t * n + r] = static_cast<int64_t>(route.tokensSent.size());
-      route.tokensSent.push_back(t);
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t e = chosen[t * k + j], mine = e / perRank == r ? e - r * perRank : -1;
-        counts[2 * r + 1] += mine >= 0;
-        if (indices.dtype == plan::I64)
-          localI64.push_back(mine);
-        else
-          localI32.push_back(static_cast<int32_t>(mine));
-      }
-    }
-  for (int r = 0; r < n; ++r) {
-    route.sent[r] = to[r].size();
-    counts[2 * r] = static_cast<int64_t>(to[r].size());
+  const int64_t *e = chosen.data();
+  std::vector<uint8_t> goes(static_cast<size_t>(tokens * n), 0);
+  for (int64_t c = 0; c < tokens * k; ++c) {
+    if (e[c] < 0 || e[c] >= experts)
+      return absl::InvalidArgumentError(
+          absl::StrCat("token ", c / k, " chose expert ", e[c], ", outside [0, ", experts, ")"));
+    goes[(c / k) * n + e[c] / perRank] = 1;
   }
+  route.sent.assign(static_cast<size_t>(n), 0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int r = 0; r < n; ++r)
+      route.sent[r] += goes[t * n + r];
+  size_t sending = total(route.sent);
+  route.tokensSent.resize(sending);
+  route.rowOf.assign(static_cast<size_t>(tokens * n), -1);
+  std::vector<int64_t> local(sending * static_cast<size_t>(k));
+  std::vector<int64_t> counts(2 * static_cast<size_t>(n), 0); // (tokens, expert copies) per rank
+  int64_t p = 0;
+  for (int r = 0; r < n; ++r) {
+    int64_t first = r * perRank, copies = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (!goes[t * n + r])
+        continue;
+      route.rowOf[t * n + r] = p;
+      route.tokensSent[p] = t;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t x = e[t * k + j] - first;
+        bool here = x >= 0 && x < perRank;
+        local[p * k + j] = here ? x : -1;
+        copies += here;
+      }
+      ++p;
+    }
+    counts[2 * r] = static_cast<int64_t>(route.sent[r]);
+    counts[2 * r + 1] = copies;
+  }
+  std::vector<int32_t> localI32;
+  if (indices.dtype != plan::I64)
+    localI32.assign(local.begin(), local.end());
   // The counts: row 0 of the layout is what this rank sends to each rank, row 1 (after the
   // swap) what it receives from each.
   if (absl::Status s = dev->uploadStaged(layout.data, counts.data(), counts.size() * sizeof(int64_t)); !s.ok())
@@ -109,18 +121,18 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
     got.copies += counts[2 * r + 1];
   }
   size_t received = total(route.received);
-  if (route.tokensSent.size() > static_cast<size_t>(tokens) * n || received > static_cast<size_t>(local.dim(0)))
+  if (route.tokensSent.size() > static_cast<size_t>(tokens) * n || received > static_cast<size_t>(localIndices.dim(0)))
     return absl::InternalError(absl::StrCat("the route sends ", route.tokensSent.size(), " tokens and receives ",
-                                            received, "; room is ", local.dim(0), " rows"));
+                                            received, "; room is ", localIndices.dim(0), " rows"));
   size_t bytes = route.tokensSent.size() * static_cast<size_t>(k) * element;
   if (absl::Status s = reserveStaging(std::max<size_t>(bytes, 1)); !s.ok())
     return s;
-  const void *host = indices.dtype == plan::I64 ? static_cast<const void *>(localI64.data())
+  const void *host = indices.dtype == plan::I64 ? static_cast<const void *>(local.data())
                                                 : static_cast<const void *>(localI32.data());
   if (bytes)
     if (absl::Status s = dev->uploadStaged(staging, host, bytes); !s.ok())
       return s;
-  if (absl::Status s = comm.exchange(staging, segments(route.sent, static_cast<size_t>(k)), local.data,
+  if (absl::Status s = comm.exchange(staging, segments(route.sent, static_cast<size_t>(k)), localIndices.data,
                                      segments(route.received, static_cast<size_t>(k)), indices.dtype);
       !s.ok())
     return s;
@@ -171,7 +183,8 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
       !s.ok())
     return s;
   return part(1, [&] {
-    return dev->sumRows(result.data, staging, route.rowOf, static_cast<size_t>(comm.size()), width, rows.dtype);
+    return dev->sumRows(result.data, staging, route.rowOf, static_cast<size_t>(comm.size()), width, rows.dtype,
+                        result.dtype);
   });
 }
 

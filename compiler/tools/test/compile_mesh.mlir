@@ -60,11 +60,11 @@
 // PLANREPORT: expert_send      ep     forward        4         39,826  hidden states and router weights
 // PLANREPORT: expert_send      ep     backward       2         38,620
 
-// On bf16 data each expert-parallel rank's partial sum stays f32 until the residual add (the
-// sum on the right), so the ranks' parts are rounded once, as one GPU's combine rounds.
+// On bf16 data each expert-parallel rank's partial sum stays f32, and the return rounds the
+// ranks' sum once, as one GPU's combine rounds its sum.
 // WIDE: %[[PART:.*]] = moe.combine %{{.*}} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x64xf32>
-// WIDE-NEXT: %[[SUM:.*]] = moe.ep_return %[[PART]], %{{.*}} : (tensor<?x64xf32>, tensor<2x4xi64>) -> tensor<?x64xf32>
-// WIDE-NEXT: moe.add %{{.*}}, %[[SUM]] : tensor<?x64xbf16>, tensor<?x64xf32>
+// WIDE-NEXT: %[[SUM:.*]] = moe.ep_return %[[PART]], %{{.*}} : (tensor<?x64xf32>, tensor<2x4xi64>) -> tensor<?x64xbf16>
+// WIDE-NEXT: moe.add %{{.*}}, %[[SUM]] : tensor<?x64xbf16>
 
 // Tensor parallel: each rank binds its rows of q/k/v and its columns of o; the attention's
 // output is summed over tp (the forward's all-reduce; the backward's sums the input's

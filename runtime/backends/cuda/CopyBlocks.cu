@@ -56,8 +56,8 @@ __global__ void gatherRowsKernel(Unit *dst, const Unit *src, const int64_t *rows
 }
 
 /// One block per destination row; the sources in table order, f32 accumulation.
-template <typename T>
-__global__ void sumRowsKernel(T *dst, const T *src, const int64_t *rows, int64_t perRow, int64_t width) {
+template <typename In, typename Out>
+__global__ void sumRowsKernel(Out *dst, const In *src, const int64_t *rows, int64_t perRow, int64_t width) {
   int64_t t = blockIdx.x;
   for (int64_t d = threadIdx.x; d < width; d += blockDim.x) {
     float sum = 0.0f;
@@ -187,7 +187,7 @@ std::string BlockCopier::gatherRows(void *dst, const void *src, const std::vecto
 }
 
 std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
-                                 size_t width, bool bf16) {
+                                 size_t width, bool srcBf16, bool dstBf16) {
   size_t count = perRow ? rows.size() / perRow : 0;
   if (count == 0 || width == 0)
     return "";
@@ -196,12 +196,16 @@ std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<i
   auto s = static_cast<cudaStream_t>(stream);
   const auto *device = static_cast<const int64_t *>(table);
   unsigned grid = static_cast<unsigned>(count);
-  if (bf16)
-    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16 *>(dst), static_cast<const __nv_bfloat16 *>(src),
-                                       device, static_cast<int64_t>(perRow), static_cast<int64_t>(width));
+  auto p = static_cast<int64_t>(perRow), w = static_cast<int64_t>(width);
+  using Bf16 = __nv_bfloat16;
+  if (srcBf16 && dstBf16)
+    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<Bf16 *>(dst), static_cast<const Bf16 *>(src), device, p, w);
+  else if (srcBf16)
+    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const Bf16 *>(src), device, p, w);
+  else if (dstBf16)
+    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<Bf16 *>(dst), static_cast<const float *>(src), device, p, w);
   else
-    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const float *>(src), device,
-                                       static_cast<int64_t>(perRow), static_cast<int64_t>(width));
+    sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const float *>(src), device, p, w);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return error(e, "sumRows kernel launch");
   return "";

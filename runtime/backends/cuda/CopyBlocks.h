@@ -39,10 +39,10 @@ public:
   /// table.
   std::string gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes);
   /// dst row t = the sum of src rows rows[t perRow + s] (s in order; negative: none) with f32
-  /// accumulation, for rows.size() / perRow rows of `width` f32 (or bf16) elements; the row
-  /// table travels like a block table.
+  /// accumulation, for rows.size() / perRow rows of `width` elements, f32 or bf16 in `src` and
+  /// in `dst` (rounded once); the row table travels like a block table.
   std::string sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
-                      bool bf16);
+                      bool srcBf16, bool dstBf16);
 
 private:
   /// The device table, with room for `bytes` (a larger one waits for the stream first).

@@ -87,9 +87,9 @@ TEST(CopyBlocks, StagedUploads) {
 }
 
 /// sumRows against a host sum: tokens with rows from none, one or several of 3 sources, a
-/// width that is no multiple of the block, f32 and bf16 rows (bf16: the host rounds the f32 sum
-/// once, as the kernel does).
-void expectSums(bool bf16, uint64_t seed) {
+/// width that is no multiple of the block, f32 or bf16 rows in and out (bf16 out: the host
+/// rounds the f32 sum once, as the kernel does).
+void expectSums(bool srcBf16, bool dstBf16, uint64_t seed) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
     GTEST_SKIP() << "no GPU available";
@@ -114,7 +114,7 @@ void expectSums(bool bf16, uint64_t seed) {
     std::memcpy(&v, &bits, 4);
     return v;
   };
-  if (bf16)
+  if (srcBf16)
     for (float &v : src)
       v = fromBf16(toBf16(v));
   std::vector<float> want(tokens * width, 0.0f);
@@ -124,12 +124,12 @@ void expectSums(bool bf16, uint64_t seed) {
       for (size_t s = 0; s < sources; ++s)
         if (rows[t * sources + s] >= 0)
           sum += src[rows[t * sources + s] * width + d];
-      want[t * width + d] = bf16 ? fromBf16(toBf16(sum)) : sum;
+      want[t * width + d] = dstBf16 ? fromBf16(toBf16(sum)) : sum;
     }
-  size_t element = bf16 ? 2 : 4;
+  size_t element = srcBf16 ? 2 : 4, outElement = dstBf16 ? 2 : 4;
   std::vector<uint8_t> srcBytes(src.size() * element);
   for (size_t i = 0; i < src.size(); ++i)
-    if (bf16) {
+    if (srcBf16) {
       uint16_t h = toBf16(src[i]);
       std::memcpy(srcBytes.data() + 2 * i, &h, 2);
     } else {
@@ -137,17 +137,17 @@ void expectSums(bool bf16, uint64_t seed) {
     }
   void *dSrc = nullptr, *dDst = nullptr;
   ASSERT_EQ(cudaMalloc(&dSrc, srcBytes.size()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dDst, want.size() * element), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dDst, want.size() * outElement), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dSrc, srcBytes.data(), srcBytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dDst, 0xFF, want.size() * element), cudaSuccess); // NaN poison
+  ASSERT_EQ(cudaMemset(dDst, 0xFF, want.size() * outElement), cudaSuccess); // NaN poison
   BlockCopier copier(nullptr);
-  EXPECT_EQ(copier.sumRows(dDst, dSrc, rows, sources, width, bf16), "");
-  std::vector<uint8_t> got(want.size() * element);
+  EXPECT_EQ(copier.sumRows(dDst, dSrc, rows, sources, width, srcBf16, dstBf16), "");
+  std::vector<uint8_t> got(want.size() * outElement);
   ASSERT_EQ(cudaMemcpy(got.data(), dDst, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   size_t wrong = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     float g;
-    if (bf16) {
+    if (dstBf16) {
       uint16_t h;
       std::memcpy(&h, got.data() + 2 * i, 2);
       g = fromBf16(h);
@@ -161,8 +161,9 @@ void expectSums(bool bf16, uint64_t seed) {
   cudaFree(dDst);
 }
 
-TEST(SumRows, F32RowsAddInSourceOrder) { expectSums(false, 5); }
-TEST(SumRows, Bf16RowsRoundTheF32SumOnce) { expectSums(true, 6); }
+TEST(SumRows, F32RowsAddInSourceOrder) { expectSums(false, false, 5); }
+TEST(SumRows, Bf16RowsRoundTheF32SumOnce) { expectSums(true, true, 6); }
+TEST(SumRows, F32RowsIntoBf16RoundTheSumOnce) { expectSums(false, true, 7); }
 
 } // namespace
 } // namespace moec::runtime::cuda

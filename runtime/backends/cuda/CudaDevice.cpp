@@ -99,12 +99,14 @@ public:
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
   absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
-                       plan::DType dtype) override {
-    if (dtype != plan::F32 && dtype != plan::BF16)
-      return absl::InvalidArgumentError(std::string("sumRows takes f32 or bf16 rows, got ") + plan::dtypeName(dtype));
+                       plan::DType from, plan::DType to) override {
+    for (plan::DType dtype : {from, to})
+      if (dtype != plan::F32 && dtype != plan::BF16)
+        return absl::InvalidArgumentError(std::string("sumRows takes f32 or bf16 rows, got ") +
+                                          plan::dtypeName(dtype));
     if (!copier)
       copier = std::make_unique<BlockCopier>(cudaStream);
-    std::string error = copier->sumRows(dst, src, rows, perRow, width, dtype == plan::BF16);
+    std::string error = copier->sumRows(dst, src, rows, perRow, width, from == plan::BF16, to == plan::BF16);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
   absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }
