@@ -75,7 +75,7 @@ std::string error(cudaError_t e, const char *what) {
 } // namespace
 
 BlockCopier::~BlockCopier() {
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     if (uploaded[i]) {
       cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded[i]));
       cudaEventDestroy(static_cast<cudaEvent_t>(uploaded[i]));
@@ -92,7 +92,7 @@ BlockCopier::~BlockCopier() {
 std::string BlockCopier::nextPinned(size_t bytes, int &slot) {
   // Wait only for the upload that last read this buffer.
   int k = next;
-  next ^= 1;
+  next = (next + 1) % kSlots;
   if (uploaded[k])
     if (cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(uploaded[k])); e != cudaSuccess)
       return error(e, "staged copy: waiting for a pinned buffer");

@@ -21,7 +21,7 @@ struct CopyBlock {
 };
 
 /// Copies blocks on one stream with one kernel. The block table travels through pinned
-/// host memory (two buffers, each reused once the upload that read it is done), so a call
+/// host memory (a ring of buffers, each reused once the upload that read it is done), so a call
 /// does not wait for the stream: the host keeps queueing work.
 class BlockCopier {
 public:
@@ -53,9 +53,12 @@ private:
   std::string nextPinned(size_t bytes, int &slot);
 
   void *stream;
-  void *pinned[2] = {nullptr, nullptr}; // host tables
-  void *uploaded[2] = {nullptr, nullptr}; // events: the upload from pinned[i] is done
-  size_t pinnedBytes[2] = {0, 0};
+  // Host tables in a ring: a call waits only for the upload kSlots calls back, so the host
+  // keeps queueing work ahead of the device (an expert-parallel layer makes about eight).
+  static constexpr int kSlots = 16;
+  void *pinned[kSlots] = {};   // host tables
+  void *uploaded[kSlots] = {}; // events: the upload from pinned[i] is done
+  size_t pinnedBytes[kSlots] = {};
   void *table = nullptr; // the device table (stream-ordered, so one is enough)
   size_t tableBytes = 0;
   int next = 0;

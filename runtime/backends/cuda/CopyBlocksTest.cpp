@@ -45,7 +45,7 @@ void expectCopies(size_t granule, int blocks, uint64_t seed) {
   ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
   BlockCopier copier(nullptr);
   EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
-  // Again with a fresh destination: the second table buffer, then the first one reused.
+  // Again with a fresh destination: further table buffers of the ring.
   ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
   EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
   ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
@@ -65,21 +65,23 @@ TEST(CopyBlocks, FourByteBlocks) { expectCopies(4, 130, 2); }
 TEST(CopyBlocks, ByteBlocks) { expectCopies(1, 257, 3); }
 TEST(CopyBlocks, Nothing) { expectCopies(16, 0, 4); }
 
-// Staged uploads: the host buffer may change right after the call; each upload lands whole.
+// Staged uploads: the host buffer may change right after the call; each upload lands whole,
+// also when the ring of pinned buffers comes round again (more uploads than buffers).
 TEST(CopyBlocks, StagedUploads) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
     GTEST_SKIP() << "no GPU available";
   BlockCopier copier(nullptr);
   std::vector<int64_t> host(1000);
+  const int uploads = 40;
   int64_t *device = nullptr;
-  ASSERT_EQ(cudaMalloc(&device, 5 * host.size() * sizeof(int64_t)), cudaSuccess);
-  for (int k = 0; k < 5; ++k) {
+  ASSERT_EQ(cudaMalloc(&device, uploads * host.size() * sizeof(int64_t)), cudaSuccess);
+  for (int k = 0; k < uploads; ++k) {
     for (size_t i = 0; i < host.size(); ++i)
       host[i] = k * 100000 + static_cast<int64_t>(i);
     EXPECT_EQ(copier.upload(device + k * host.size(), host.data(), host.size() * sizeof(int64_t)), "");
   }
-  std::vector<int64_t> got(5 * host.size());
+  std::vector<int64_t> got(uploads * host.size());
   ASSERT_EQ(cudaMemcpy(got.data(), device, got.size() * sizeof(int64_t), cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_EQ(got[i], static_cast<int64_t>(i / host.size()) * 100000 + static_cast<int64_t>(i % host.size())) << i;
