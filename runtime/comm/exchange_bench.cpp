@@ -131,12 +131,12 @@ int main(int argc, char **argv) {
     return out;
   };
   auto sum = [](const std::vector<size_t> &v) { return std::accumulate(v.begin(), v.end(), size_t{0}); };
-  std::vector<cuda::CopyBlock> gather;
+  std::vector<int64_t> gather; // the sent tokens by destination, as the executor's route lists them
   std::vector<int64_t> rowOf(static_cast<size_t>(tokens) * n, -1);
   for (int r = 0; r < n; ++r)
     for (int64_t t : mine[r]) {
       rowOf[t * n + r] = static_cast<int64_t>(gather.size());
-      gather.push_back({gather.size() * rowBytes, static_cast<size_t>(t) * rowBytes, rowBytes});
+      gather.push_back(t);
     }
   size_t most = std::max({sum(copySend), sum(copyRecv), sum(tokenSend), sum(tokenRecv)});
   void *in = bench::randomBf16(static_cast<size_t>(std::max(tokens * topK, tokens * n)) * width, 11 + me, 1.0f);
@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
   double perCopy = run([&] { return comm.allToAll(in, elements(copySend), staging, elements(copyRecv), moec::plan::BF16); });
   double plain = run([&] { return comm.allToAll(in, elements(tokenSend), out, elements(tokenRecv), moec::plan::BF16); });
   double send = run([&] {
-    if (absl::Status s = status(copier.copy(staging, in, gather)); !s.ok())
+    if (absl::Status s = status(copier.gatherRows(staging, in, gather, rowBytes)); !s.ok())
       return s;
     return comm.exchange(staging, segments(tokenSend), out, segments(tokenRecv), moec::plan::BF16);
   });
