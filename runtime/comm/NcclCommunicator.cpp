@@ -105,7 +105,12 @@ absl::Status NcclCommunicator::init(TcpStore &store) {
   }
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0; // every call returns; poll() bounds the waits
+  // Non-blocking: every call returns and poll() bounds the waits, so a peer that never comes
+  // ends in a message naming the collective. MOEC_NCCL_BLOCKING=1 leaves the waits to NCCL
+  // (and hangs to the rank watchdog, MOEC_RANK_TIMEOUT): each call returns sooner, which the
+  // expert exchange's many small calls notice (bench/RESULTS.md).
+  const char *blocking = std::getenv("MOEC_NCCL_BLOCKING");
+  config.blocking = blocking && std::string(blocking) == "1" ? 1 : 0;
   config.commName = key.c_str();
   ncclComm_t handle = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&handle, groupSize, id, groupRank, &config);

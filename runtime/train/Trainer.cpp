@@ -232,16 +232,33 @@ absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>>
   return absl::OkStatus();
 }
 
+absl::Status Trainer::agree(absl::Status local, const std::string &what) {
+  absl::StatusOr<double> failed = sumOverRanks(local.ok() ? 0.0 : 1.0, plan::I64);
+  if (!failed.ok())
+    return absl::Status(failed.status().code(), absl::StrCat(what, ": ", failed.status().message()));
+  if (!local.ok())
+    return absl::Status(local.code(), absl::StrCat(what, ": ", local.message()));
+  if (*failed > 0)
+    return absl::AbortedError(absl::StrCat(what, ": ", *failed, " other rank(s) failed (their messages say why)"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::collect(uint32_t Tensor::*buffer) {
   std::map<std::string, std::vector<float>> out;
+  absl::Status local;
   for (const Tensor &t : tensors) {
     absl::StatusOr<std::vector<float>> values = executor.readFloats(t.*buffer);
-    if (!values.ok())
-      return values.status();
+    if (!values.ok()) {
+      local = values.status();
+      break;
+    }
     out[t.name] = std::move(*values);
   }
-  if (!gathering)
+  if (!gathering) {
+    if (!local.ok())
+      return local;
     return out;
+  }
   // Every tensor whole, summed over ranks: only the rank the layout names for a tensor (or a
   // part) adds it (x + 0 + ... is exact), so every rank ends with all of them.
   if (!world)
@@ -255,16 +272,23 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> Trainer::collect(uint3
     whole[name].assign(count, 0.0f);
     total += count;
   }
-  for (const Tensor &t : tensors)
-    if (t.holder == rankIndex)
-      placePart(t, out.at(t.name), whole.at(t.name));
+  if (local.ok())
+    for (const Tensor &t : tensors)
+      if (t.holder == rankIndex)
+        placePart(t, out.at(t.name), whole.at(t.name));
   std::vector<float> packed;
   packed.reserve(total);
   for (const std::string &name : names)
     packed.insert(packed.end(), whole[name].begin(), whole[name].end());
   absl::StatusOr<void *> device = executor.device().allocate(std::max<size_t>(total, 1) * sizeof(float));
-  if (!device.ok())
-    return device.status();
+  if (local.ok() && !device.ok())
+    local = device.status();
+  // A rank that cannot take part says so to the others first: none waits for it in the sum.
+  if (absl::Status agreed = agree(local, "gathering the adapter from the ranks"); !agreed.ok()) {
+    if (device.ok())
+      executor.device().release(*device);
+    return agreed;
+  }
   absl::Status status = executor.device().upload(*device, packed.data(), total * sizeof(float));
   if (status.ok())
     status = world->allReduce(*device, *device, total, plan::F32);

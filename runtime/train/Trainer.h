@@ -66,6 +66,10 @@ public:
   void setWorld(comm::Communicator *world) { this->world = world; }
   /// Sums one value (I64 or F32) over the world's ranks through device memory.
   absl::StatusOr<double> sumOverRanks(double value, plan::DType dtype);
+  /// Every rank's `local` status, agreed on before a collective: if any rank failed, every rank
+  /// returns an error (its own, or that others failed), so none waits for a rank that is not
+  /// coming. Itself a collective (one sum over the world).
+  absl::Status agree(absl::Status local, const std::string &what);
 
   /// Forward and backward for `batch` (this rank's sequences); gradients are left in the
   /// plan's buffers. For a sharded plan: the loss of the global batch, the same on every rank.
