@@ -39,19 +39,6 @@ public:
   /// A small host-to-device copy that does not wait for the device: the bytes are staged
   /// first (the host buffer may go at once), the copy is ordered with the kernels.
   virtual absl::Status uploadStaged(void *dst, const void *host, size_t bytes) { return upload(dst, host, bytes); }
-  /// One of copyBlocks's copies: `bytes` from `src + from` to `dst + to`.
-  struct Block {
-    size_t to, from, bytes;
-  };
-  /// Many device-to-device copies between two buffers that do not overlap, ordered with the
-  /// kernels (the expert exchange regroups rows with one call, not a copy per segment).
-  virtual absl::Status copyBlocks(void *dst, const void *src, const std::vector<Block> &blocks) {
-    for (const Block &b : blocks)
-      if (absl::Status s = copy(static_cast<char *>(dst) + b.to, static_cast<const char *>(src) + b.from, b.bytes);
-          !s.ok())
-        return s;
-    return absl::OkStatus();
-  }
   /// dst row i = src row rows[i], rows of `rowBytes` bytes, ordered with the kernels (the expert
   /// exchange gathers the tokens bound for each rank).
   virtual absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) = 0;

@@ -1,9 +1,9 @@
-//===- CopyBlocks.h - many device copies in one kernel ----------*- C++ -*-===//
+//===- CopyBlocks.h - row gathers and sums in one kernel --------*- C++ -*-===//
 //
-// The CUDA device's copyBlocks and sumRows: the expert exchange gathers the
-// rows of thousands of tokens per message and adds each token's returned rows;
-// one cudaMemcpyAsync per row would cost more than the copies. Plain C++:
-// callers need no CUDA headers.
+// The CUDA device's gatherRows, sumRows and staged uploads: the expert exchange
+// gathers the rows of thousands of tokens per message and adds each token's
+// returned rows; one cudaMemcpyAsync per row would cost more than the copies.
+// Plain C++: callers need no CUDA headers.
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,16 +11,13 @@
 #define RUNTIME_BACKENDS_CUDA_COPYBLOCKS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace moec::runtime::cuda {
 
-struct CopyBlock {
-  size_t to, from, bytes;
-};
-
-/// Copies blocks on one stream with one kernel. The block table travels through pinned
+/// Gathers or sums rows on one stream with one kernel. The row table travels through pinned
 /// host memory (a ring of buffers, each reused once the upload that read it is done), so a call
 /// does not wait for the stream: the host keeps queueing work.
 class BlockCopier {
@@ -30,17 +27,15 @@ public:
   BlockCopier(const BlockCopier &) = delete;
   BlockCopier &operator=(const BlockCopier &) = delete;
 
-  /// Copies every block from `src` to `dst`; an empty string or the CUDA error.
-  std::string copy(void *dst, const void *src, const std::vector<CopyBlock> &blocks);
+  /// Each call returns an empty string or the CUDA error.
   /// Copies `bytes` from the host to `dst` through the same pinned buffers, without waiting
   /// for the stream.
   std::string upload(void *dst, const void *host, size_t bytes);
-  /// dst row i = src row rows[i], rows of `rowBytes` bytes; the row table travels like a block
-  /// table.
+  /// dst row i = src row rows[i], rows of `rowBytes` bytes.
   std::string gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes);
   /// dst row t = the sum of src rows rows[t perRow + s] (s in order; negative: none) with f32
   /// accumulation, for rows.size() / perRow rows of `width` elements, f32 or bf16 in `src` and
-  /// in `dst` (rounded once); the row table travels like a block table.
+  /// in `dst` (rounded once).
   std::string sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
                       bool srcBf16, bool dstBf16);
 

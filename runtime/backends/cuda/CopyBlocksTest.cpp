@@ -1,9 +1,7 @@
-//===- CopyBlocksTest.cpp - the CUDA device's batched block copy ----------===//
+//===- CopyBlocksTest.cpp - the CUDA device's row gathers and sums -------===//
 //
-// Against memcpy on the host: blocks of 16-byte multiples (the vector path),
-// of 4-byte multiples, odd sizes and offsets (bytes), empty blocks, one block
-// holding most bytes; the destination starts poisoned and bytes no block
-// writes must keep the poison. sumRows against a host sum of the same rows.
+// gatherRows against memcpy on the host, sumRows against a host sum of the
+// same rows, staged uploads; destinations start poisoned.
 
 #include "runtime/backends/cuda/CopyBlocks.h"
 
@@ -19,37 +17,33 @@
 namespace moec::runtime::cuda {
 namespace {
 
-void expectCopies(size_t granule, int blocks, uint64_t seed) {
+/// gatherRows against memcpy on the host: rows of `rowBytes` (16-byte multiples take the vector
+/// path, 4-byte multiples the word path, odd sizes bytes), sources in any order and repeated;
+/// the destination starts poisoned and bytes past the gathered rows keep the poison.
+void expectGather(size_t rowBytes, size_t rows, uint64_t seed) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
     GTEST_SKIP() << "no GPU available";
   std::mt19937_64 rng(seed);
-  std::vector<CopyBlock> table;
-  size_t srcAt = 0, dstAt = 0;
-  for (int b = 0; b < blocks; ++b) {
-    size_t bytes = granule * (b == 3 ? 20000 : rng() % 300); // one large, some empty
-    table.push_back({dstAt + granule * (rng() % 3), srcAt, bytes});
-    srcAt += bytes + granule * (rng() % 2);
-    dstAt = table.back().to + bytes;
-  }
-  std::shuffle(table.begin(), table.end(), rng); // any order
-  std::vector<uint8_t> src(srcAt + 1), want(dstAt + 1, 0xAB);
+  const size_t sourceRows = 97;
+  std::vector<int64_t> table(rows);
+  for (int64_t &r : table)
+    r = static_cast<int64_t>(rng() % sourceRows);
+  std::vector<uint8_t> src(sourceRows * rowBytes), want((rows + 1) * rowBytes, 0xAB);
   for (uint8_t &v : src)
     v = static_cast<uint8_t>(rng());
-  for (const CopyBlock &b : table)
-    std::memcpy(want.data() + b.to, src.data() + b.from, b.bytes);
+  for (size_t i = 0; i < rows; ++i)
+    std::memcpy(want.data() + i * rowBytes, src.data() + table[i] * rowBytes, rowBytes);
   void *dSrc = nullptr, *dDst = nullptr;
-  ASSERT_EQ(cudaMalloc(&dSrc, src.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dSrc, src.size() + 1), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dDst, want.size()), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dSrc, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
   BlockCopier copier(nullptr);
-  EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
-  // Again with a fresh destination: further table buffers of the ring.
-  ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
-  EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
-  ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
-  EXPECT_EQ(copier.copy(dDst, dSrc, table), "");
+  // Three times with a fresh destination: the ring's further table buffers.
+  for (int again = 0; again < 3; ++again) {
+    ASSERT_EQ(cudaMemset(dDst, 0xAB, want.size()), cudaSuccess);
+    EXPECT_EQ(copier.gatherRows(dDst, dSrc, table, rowBytes), "");
+  }
   std::vector<uint8_t> got(want.size());
   ASSERT_EQ(cudaMemcpy(got.data(), dDst, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   size_t wrong = 0;
@@ -60,10 +54,10 @@ void expectCopies(size_t granule, int blocks, uint64_t seed) {
   cudaFree(dDst);
 }
 
-TEST(CopyBlocks, SixteenByteBlocks) { expectCopies(16, 64, 1); }
-TEST(CopyBlocks, FourByteBlocks) { expectCopies(4, 130, 2); }
-TEST(CopyBlocks, ByteBlocks) { expectCopies(1, 257, 3); }
-TEST(CopyBlocks, Nothing) { expectCopies(16, 0, 4); }
+TEST(GatherRows, SixteenByteRows) { expectGather(4096, 1000, 1); }
+TEST(GatherRows, FourByteRows) { expectGather(36, 333, 2); }
+TEST(GatherRows, ByteRows) { expectGather(7, 257, 3); }
+TEST(GatherRows, Nothing) { expectGather(16, 0, 4); }
 
 // Staged uploads: the host buffer may change right after the call; each upload lands whole,
 // also when the ring of pinned buffers comes round again (more uploads than buffers).

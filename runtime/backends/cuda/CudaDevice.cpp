@@ -82,16 +82,6 @@ public:
     std::string error = copier->upload(dst, host, bytes);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
-  absl::Status copyBlocks(void *dst, const void *src, const std::vector<Block> &blocks) override {
-    std::vector<CopyBlock> table;
-    table.reserve(blocks.size());
-    for (const Block &b : blocks)
-      table.push_back({b.to, b.from, b.bytes});
-    if (!copier)
-      copier = std::make_unique<BlockCopier>(cudaStream);
-    std::string error = copier->copy(dst, src, table);
-    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
-  }
   absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) override {
     if (!copier)
       copier = std::make_unique<BlockCopier>(cudaStream);
