@@ -141,6 +141,9 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
       for (int id : step.inputs)
         bytes += program.buffers[id].bytes;
       bytes = bytes * 2 * (n - 1) / std::max<int64_t>(n, 1);
+    } else if (step.collective == "send_recv") { // to the neighbouring stage: what it sends
+      for (int id : step.inputs)
+        bytes += program.buffers[id].bytes;
     } else { // the token-side rows: what a route or send reads, what a return writes
       const ProgramBuffer &tokenSide = step.collective == "expert_return" ? program.buffers[step.outputs[0]]
                                                                           : program.buffers[step.inputs[0]];
@@ -151,13 +154,19 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     row.bytes += bytes;
   }
   os << "\ncollectives per step (mesh " << mesh.str() << "; bytes this rank sends, uniform routing):\n";
-  os << llvm::format("  %-16s %-6s %-9s %6s %14s  %s\n", "collective", "axis", "phase", "count", "bytes", "why");
+  os << llvm::format("  %-16s %-8s %-9s %6s %14s  %s\n", "collective", "axis", "phase", "count", "bytes", "why");
   int64_t total = 0;
   for (auto &[key, row] : rows) {
     auto &[kind, axis, phase] = key;
-    const char *why = kind == "all_reduce"
+    const char *why = kind == "all_reduce" && axis == "tp"
+                          ? "the partial sums of split heads and expert features (moe.tp_exit); in the "
+                            "backward, an input's gradient from every tp rank"
+                      : kind == "all_reduce"
                           ? "LoRA gradients of a layer, summed over the ranks that train the same tensor on "
                             "other tokens (--moe-sync-gradients)"
+                      : kind == "send_recv"
+                          ? "a micro-batch's hidden state to the next pipeline stage; in the backward, its "
+                            "gradient to the previous one"
                       : kind == "expert_route" ? "each token's experts to the ranks that hold them (ep)"
                       : kind == "expert_send"
                           ? "hidden states and router weights to their experts' ranks, once per rank; in the "
@@ -165,7 +174,7 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
                           : "each rank's partial expert sums back to the tokens' ranks; in the backward, the "
                             "gradients of a send";
     const char *phaseName = phase == plan::FORWARD ? "forward" : phase == plan::BACKWARD ? "backward" : "recompute";
-    os << llvm::format("  %-16s %-6s %-9s %6lld %14s  %s\n", kind.c_str(), axis.c_str(), phaseName,
+    os << llvm::format("  %-16s %-8s %-9s %6lld %14s  %s\n", kind.c_str(), axis.c_str(), phaseName,
                        static_cast<long long>(row.count), analysis::withCommas(row.bytes).c_str(), why);
     total += row.bytes;
   }

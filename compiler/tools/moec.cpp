@@ -140,7 +140,8 @@ int runCompile(int argc, char **argv) {
       "mesh", cl::value_desc("dp=N,tp=N,pp=N,ep=N"),
       cl::desc("Device mesh: the plan holds one program per rank (dp, tp, pp, ep; --micro-batch "
                "is per rank); --emit=report lists its collectives, and for a mesh with tp or pp "
-               "estimates per-GPU memory and communication by simulation"));
+               "estimates per-GPU memory and communication by simulation (then, up to 64 ranks, "
+               "each pipeline stage's planned collectives)"));
   cl::opt<int64_t> pipelineMicroBatches(
       "pipeline-micro-batches",
       cl::desc("With pp > 1: micro-batches (of --micro-batch sequences) per step on each pipeline, "
@@ -218,11 +219,16 @@ int runCompile(int argc, char **argv) {
     errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;
   options.fuseChunkTokens = fuseChunkTokens;
-  // A report on a mesh plans can run (dp, ep) is the plan's own, its collectives included; on
-  // any other mesh (tp, pp) a simulation from the single-rank program.
+  // A report on a mesh with only dp and ep is the plan's own, its collectives included; with
+  // tp or pp it is a simulation from the single-rank program (it scales to any mesh), followed,
+  // for a mesh small enough to plan here, by the collectives of each pipeline stage's plan.
   bool meshReport = emit == Action::Report && !mesh.single() && (mesh.tp > 1 || mesh.pp > 1);
   if (!mesh.single() && !meshReport)
     options.mesh = mesh.str();
+  constexpr int64_t kPlannedReportRanks = 64;
+  mlir::OwningOpRef<mlir::ModuleOp> planned;
+  if (meshReport && mesh.size() <= kPlannedReportRanks)
+    planned = module->clone();
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
@@ -274,6 +280,22 @@ int runCompile(int argc, char **argv) {
   if (meshReport) {
     output->os() << "\n";
     moec::compiler::printMeshReport(model, *program, mesh, moec::compiler::kH200Bytes, output->os());
+  }
+  if (planned) {
+    options.mesh = mesh.str();
+    mlir::PassManager meshPm(&context);
+    moec::pipelines::buildLoRATrainingPipeline(meshPm, options);
+    moec::moe::ModelOp meshModel = theModel(*planned);
+    if (failed(meshPm.run(*planned)))
+      return fail("planning " + inputPath + " on --mesh " + mesh.str() + " failed (see the diagnostics above)");
+    mlir::FailureOr<std::vector<moec::compiler::Program>> stages =
+        moec::compiler::buildStagePrograms(meshModel, seqLen, microBatch);
+    if (failed(stages))
+      return fail("cannot flatten the training step of " + inputPath + " on --mesh " + mesh.str());
+    for (auto [s, stage] : llvm::enumerate(*stages)) {
+      output->os() << "\nthe plan's own collectives, pipeline stage " << s << " of " << stages->size() << ":";
+      moec::compiler::printCollectives(meshModel, stage, output->os());
+    }
   }
   output->keep();
   return 0;

@@ -45,6 +45,18 @@
 // REPORT: all-to-all      dispatch+combine
 // REPORT: all-reduce      LoRA gradients        step      dp+ep
 
+// A mesh that small is planned too: each pipeline stage's own collectives follow. One layer
+// per stage, four micro-batches of 96 tokens: the attention's partial output [96, 64] f32
+// (24,576 bytes; a ring of two sends it once) is summed over tp once per micro-batch, its
+// input's gradient once per backward; stage 0 sends each micro-batch's hidden state (24,576
+// bytes) to stage 1, four in all (those issued with a backward's exchange count there).
+// REPORT: the plan's own collectives, pipeline stage 0 of 2:
+// REPORT: all_reduce       tp       forward        4         98,304  the partial sums of split heads
+// REPORT: all_reduce       tp       backward       4         98,304
+// REPORT: send_recv        pp       forward        1         24,576  a micro-batch's hidden state to the next pipeline stage
+// REPORT: send_recv        pp       backward       4         73,728
+// REPORT: the plan's own collectives, pipeline stage 1 of 2:
+
 // A plan's report lists its collectives. Per layer (2), a token goes to the other
 // expert-parallel rank when one of its 2 experts (of 8) is there: all but C(4,2)/C(8,2) = 6/28
 // of the 96 tokens. Its hidden state (64 f32: 256 bytes) goes there and its partial sum comes
@@ -53,12 +65,12 @@
 // forward sent and sends what it returned. The adapter of q_proj (A [8, 64], B [64, 8], f32:
 // 4,096 bytes a layer) is summed over all four ranks: a ring sends 2 x 3/4 of it.
 // PLANREPORT: collectives per step (mesh dp=2,ep=2; bytes this rank sends, uniform routing):
-// PLANREPORT: all_reduce       dp+ep  backward       2         12,288  LoRA gradients
-// PLANREPORT: expert_return    ep     forward        2         38,620  each rank's partial expert sums back
-// PLANREPORT: expert_return    ep     backward       4         39,826
-// PLANREPORT: expert_route     ep     forward        2          1,206  each token's experts
-// PLANREPORT: expert_send      ep     forward        4         39,826  hidden states and router weights
-// PLANREPORT: expert_send      ep     backward       2         38,620
+// PLANREPORT: all_reduce       dp+ep    backward       2         12,288  LoRA gradients
+// PLANREPORT: expert_return    ep       forward        2         38,620  each rank's partial expert sums back
+// PLANREPORT: expert_return    ep       backward       4         39,826
+// PLANREPORT: expert_route     ep       forward        2          1,206  each token's experts
+// PLANREPORT: expert_send      ep       forward        4         39,826  hidden states and router weights
+// PLANREPORT: expert_send      ep       backward       2         38,620
 
 // On bf16 data each expert-parallel rank's partial sum stays f32, and the return rounds the
 // ranks' sum once, as one GPU's combine rounds its sum.
