@@ -75,14 +75,15 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
   std::vector<const std::vector<int64_t> *> shapes;
   for (int id : step.inputs)
     shapes.push_back(&program.buffers[id].shape);
-  // Rows that are room for more than the expected ones (expert parallel's received rows):
-  // balanced routing fills 1 / rowsRoom of them.
+  // Rows that follow an expert route's received rows are room for more than the expected
+  // ones: balanced routing fills 1 / rowsRoom of them.
   std::vector<int64_t> expected;
-  if (!step.inputs.empty() && program.buffers[step.inputs[0]].rowsRoom > 1) {
-    expected = *shapes[0];
-    expected[0] /= program.buffers[step.inputs[0]].rowsRoom;
-    shapes[0] = &expected;
-  }
+  if (!step.inputs.empty())
+    if (int anchor = program.buffers[step.inputs[0]].receivedRowsOf; anchor >= 0) {
+      expected = *shapes[0];
+      expected[0] /= program.buffers[anchor].rowsRoom;
+      shapes[0] = &expected;
+    }
   auto backward = dyn_cast<moe::BackwardOp>(op);
   if (!backward)
     return forwardFlops(op->getName().stripDialect(), shapes, op->getAttrDictionary(), program);

@@ -237,7 +237,6 @@ private:
       return;
     buffer.receivedRowsOf = anchor;
     buffer.receivedCopies = copies;
-    buffer.rowsRoom = program.buffers[anchor].rowsRoom;
   }
 
   LogicalResult walk(Block &block, llvm::DenseMap<Value, int> &values, Context context) {

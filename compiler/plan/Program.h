@@ -45,8 +45,9 @@ struct ProgramBuffer {
   int tpDim = -1;
   /// A replicated trainable parameter whose gradient each tp rank holds a part of.
   bool tpPartialGrad = false;
-  /// Rows that are room for this many times the rows expected (an expert-parallel rank's
-  /// received rows: any rank may send it all its rows); FLOP counts use the expected ones.
+  /// An expert route's received indices: room for this many times the rows expected (any
+  /// rank may send it all its tokens); FLOP counts of the buffers that follow it
+  /// (receivedRowsOf) use the expected ones.
   int64_t rowsRoom = 1;
   /// Expert parallel: the route's received-indices buffer whose received rows this buffer's
   /// rows follow (plan.proto Buffer.received_rows_of); -1 = none.
