@@ -33,6 +33,7 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   if (!options.mesh.empty()) {
     passes::PropagateShardingPassOptions sharding;
     sharding.mesh = options.mesh;
+    sharding.epExchange = options.epExchange;
     model.addPass(passes::createPropagateShardingPass(sharding));
   }
   model.addPass(passes::createBuildTrainingStepPass(step));

@@ -64,6 +64,9 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<std::string> mesh{*this, "mesh",
                            llvm::cl::desc("Device mesh, e.g. dp=2 (--moe-propagate-sharding); empty = one rank"),
                            llvm::cl::init("")};
+  Option<std::string> epExchange{*this, "ep-exchange",
+                                 llvm::cl::desc("How expert parallel moves tokens: routed, all or auto"),
+                                 llvm::cl::init("auto")};
   Option<int64_t> pipelineMicroBatches{
       *this, "pipeline-micro-batches",
       llvm::cl::desc("Micro-batches per step on a pipeline (mesh pp > 1; 0: 2 x pp)"), llvm::cl::init(0)};

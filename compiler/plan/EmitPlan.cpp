@@ -135,6 +135,8 @@ plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
       if (auto experts = step.attrs ? step.attrs.getAs<mlir::IntegerAttr>("num_experts") : nullptr;
           experts && kind == plan::Collective::EXPERT_ROUTE)
         collective->set_num_experts(experts.getInt());
+      if (kind == plan::Collective::EXPERT_ROUTE && step.attrs && step.attrs.get("all_tokens"))
+        collective->set_all_tokens(true);
       std::string key = step.axis;
       if (step.peerStage >= 0)
         key += "@" + std::to_string(std::min(program.stage, step.peerStage)) + "-" +

@@ -397,9 +397,12 @@ private:
         for (int l = st.firstLayer; l < st.endLayer; ++l) {
           dispatches += f.layers[l].a2aCount[ph][0];
           combines += f.layers[l].a2aCount[ph][1];
-          // Each token's row goes once to each other rank that holds one of its experts.
+          // Each token's row goes once to each other rank that holds one of its experts (or to
+          // every rank, where --ep-exchange=auto would send them all).
           const LayerFacts &layer = f.layers[l];
-          double share = analysis::tokenShareOfRank(f.numExperts, layer.topK, mesh.ep);
+          double share = analysis::allTokensPays(f.numExperts, layer.topK, mesh.ep)
+                             ? 1.0
+                             : analysis::tokenShareOfRank(f.numExperts, layer.topK, mesh.ep);
           bytes += double(layer.a2aBytes[ph]) / mesh.tp / double(layer.topK) * share * (mesh.ep - 1);
         }
         const char *what = !combines ? "dispatch" : !dispatches ? "combine" : "dispatch+combine";

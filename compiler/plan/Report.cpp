@@ -122,14 +122,17 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
   };
   // Per (collective, axis, phase): how many, and the bytes this rank sends per step (ring
   // all-reduce 2(n-1)/n of the tensor; the expert exchange the rows of the tokens that
-  // uniform routing sends to each other rank, tokenShareOfRank of them).
+  // uniform routing sends to each other rank, tokenShareOfRank of them, or all of them).
   struct Row {
     int64_t count = 0, bytes = 0;
   };
   double share = 1.0;
+  bool allTokens = false;
   for (const ProgramStep &step : program.steps)
     if (step.collective == "expert_route")
-      if (auto experts = step.attrs.getAs<IntegerAttr>("num_experts"))
+      if ((allTokens = static_cast<bool>(step.attrs.get("all_tokens"))))
+        share = 1.0;
+      else if (auto experts = step.attrs.getAs<IntegerAttr>("num_experts"))
         share = analysis::tokenShareOfRank(experts.getInt(), program.buffers[step.inputs[0]].shape.at(1),
                                            groupSize(step.axis));
   std::map<std::tuple<std::string, std::string, int>, Row> rows;
@@ -144,10 +147,11 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     } else if (step.collective == "send_recv") { // to the neighbouring stage: what it sends
       for (int id : step.inputs)
         bytes += program.buffers[id].bytes;
-    } else { // the token-side rows: what a route or send reads, what a return writes
-      const ProgramBuffer &tokenSide = step.collective == "expert_return" ? program.buffers[step.outputs[0]]
-                                                                          : program.buffers[step.inputs[0]];
-      bytes = static_cast<int64_t>(std::llround(double(tokenSide.bytes) * share * double(n - 1)));
+    } else { // the token-side rows: what a route or send reads; a return's in its messages' dtype
+      // (its input: room for n ranks' tokens, f32 partial sums on a bf16 model)
+      double tokenSide = step.collective == "expert_return" ? double(program.buffers[step.inputs[0]].bytes) / n
+                                                            : double(program.buffers[step.inputs[0]].bytes);
+      bytes = static_cast<int64_t>(std::llround(tokenSide * share * double(n - 1)));
     }
     Row &row = rows[{step.collective, step.axis, static_cast<int>(step.phase)}];
     ++row.count;
@@ -167,10 +171,14 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
                       : kind == "send_recv"
                           ? "a micro-batch's hidden state to the next pipeline stage; in the backward, its "
                             "gradient to the previous one"
-                      : kind == "expert_route" ? "each token's experts to the ranks that hold them (ep)"
+                      : kind == "expert_route"
+                          ? (allTokens ? "every token's experts to every rank (ep, --ep-exchange all: fixed sizes)"
+                                       : "each token's experts to the ranks that hold them (ep)")
                       : kind == "expert_send"
-                          ? "hidden states and router weights to their experts' ranks, once per rank; in the "
-                            "backward, the gradients of a return"
+                          ? (allTokens ? "hidden states and router weights of every token to every rank; in the "
+                                         "backward, the gradients of a return"
+                                       : "hidden states and router weights to their experts' ranks, once per rank; "
+                                         "in the backward, the gradients of a return")
                           : "each rank's partial expert sums back to the tokens' ranks; in the backward, the "
                             "gradients of a send";
     const char *phaseName = phase == plan::FORWARD ? "forward" : phase == plan::BACKWARD ? "backward" : "recompute";

@@ -147,6 +147,12 @@ int runCompile(int argc, char **argv) {
       cl::desc("With pp > 1: micro-batches (of --micro-batch sequences) per step on each pipeline, "
                "run in 1F1B order (0: 2 x pp)"),
       cl::init(0));
+  cl::opt<std::string> epExchange(
+      "ep-exchange", cl::value_desc("auto|routed|all"),
+      cl::desc("With ep > 1: routed sends each token to the ranks holding its experts (sizes "
+               "decided on the host), all sends every token to every rank (fixed sizes, no wait), "
+               "auto picks all where nearly every token has an expert on every rank"),
+      cl::init("auto"));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -174,6 +180,8 @@ int runCompile(int argc, char **argv) {
   moec::moe::MeshShape mesh;
   if (std::string error; !moec::moe::MeshShape::parse(meshText, mesh, error))
     return fail("--mesh '" + meshText + "': " + error);
+  if (epExchange != "auto" && epExchange != "routed" && epExchange != "all")
+    return fail("--ep-exchange must be auto, routed or all, got '" + epExchange + "'");
 
   mlir::MLIRContext context;
   context.loadDialect<moec::moe::MoeDialect, mlir::func::FuncDialect>();
@@ -215,6 +223,7 @@ int runCompile(int argc, char **argv) {
   options.microBatch = microBatch;
   options.memoryCap = memoryCap;
   options.pipelineMicroBatches = pipelineMicroBatches;
+  options.epExchange = epExchange;
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)
     errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;

@@ -825,12 +825,21 @@ def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure]> {
     use. Not
     differentiable (indices only).
 
+    With `all_tokens`, every token goes to every rank (a token without an
+    expert there has k times -1): the messages have fixed sizes, so no rank
+    waits for its tokens' experts on the host; the layout's copy counts are
+    then -1 (not counted). The compiler picks it where nearly every token
+    has an expert on every rank anyway (`--ep-exchange`).
+
     ```mlir
     %local, %layout = moe.ep_route %indices {axis = "ep", ranks = 2 : i64, num_experts = 8 : i64}
         : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x4xi64>)
+    %all, %fixed = moe.ep_route %indices {all_tokens, axis = "ep", ranks = 2 : i64, num_experts = 128 : i64}
+        : (tensor<?x8xi32>) -> (tensor<?x8xi32>, tensor<2x4xi64>)
     ```
   }];
-  let arguments = (ins Moe_IndexTensor:$indices, StrAttr:$axis, I64Attr:$ranks, I64Attr:$num_experts);
+  let arguments = (ins Moe_IndexTensor:$indices, StrAttr:$axis, I64Attr:$ranks, I64Attr:$num_experts,
+                       UnitAttr:$all_tokens);
   let results = (outs Moe_IndexTensor:$local_indices, RankedTensorOf<[I64]>:$layout);
   let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

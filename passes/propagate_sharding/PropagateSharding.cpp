@@ -2,6 +2,7 @@
 
 #include "passes/propagate_sharding/PropagateSharding.h"
 
+#include "compiler/analysis/ModelSummary.h"
 #include "dialects/moe/MeshShape.h"
 #include "passes/propagate_sharding/TensorParallel.h"
 #include "mlir/IR/Builders.h"
@@ -41,6 +42,11 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     }
     OpBuilder b(model.getContext());
     model->setAttr("mesh", b.getStringAttr(shape.str()));
+    if (epExchange != "auto" && epExchange != "routed" && epExchange != "all") {
+      model.emitError("--moe-propagate-sharding: ep-exchange must be auto, routed or all, got '")
+          << epExchange << "'";
+      return signalPassFailure();
+    }
     if (shape.ep > 1 && failed(splitExperts(model, shape.ep)))
       return signalPassFailure();
     if (shape.tp > 1 && failed(splitHeads(model, shape.tp)))
@@ -114,9 +120,11 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       auto localIndices = RankedTensorType::get({ShapedType::kDynamic, indices.getDimSize(1)},
                                                 indices.getElementType());
       auto layoutType = RankedTensorType::get({2, 2 * ranks}, b.getI64Type());
+      bool allTokens = epExchange == "all" ||
+                       (epExchange == "auto" && analysis::allTokensPays(experts, indices.getDimSize(1), ranks));
       auto route = b.create<moe::EpRouteOp>(dispatch.getLoc(), TypeRange{localIndices, layoutType},
                                             dispatch.getIndices(), axis, ranksAttr,
-                                            b.getI64IntegerAttr(experts));
+                                            b.getI64IntegerAttr(experts), allTokens ? b.getUnitAttr() : UnitAttr());
       auto rows = [&](Value v) {
         auto type = cast<RankedTensorType>(v.getType());
         return RankedTensorType::get({ShapedType::kDynamic, type.getDimSize(1)}, type.getElementType());

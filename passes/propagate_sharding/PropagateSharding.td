@@ -31,7 +31,14 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     the ranks' parts are added. On bf16 data the partial sums stay f32 (the
     combine writes f32) and the return rounds the ranks' sum once, the
     rounding one GPU's combine makes. The backward of each exchange is the
-    other.
+    other. `ep-exchange` picks how tokens travel: `routed` (as above: the
+    route reads the tokens' experts on the host, where NCCL needs the message
+    sizes), `all` (`all_tokens` on the route: every token to every rank,
+    fixed sizes, no wait for the device; a token without an expert there
+    makes no expert copy and a zero partial sum), or `auto` (the default:
+    `all` where uniform routing gives a token an expert on a given rank with
+    probability at least 0.9, e.g. top-8 of 128 experts over 2 ranks; else
+    `routed`).
 
     Tensor parallel (`tp`): the heads of every `moe.attention` whose
     projections can be traced split over the `tp` ranks, by the ops'
@@ -78,6 +85,8 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
   let options = [
     Option<"mesh", "mesh", "std::string", "\"\"",
            "Mesh axes and sizes, e.g. dp=2,ep=2 (empty: one rank)">,
+    Option<"epExchange", "ep-exchange", "std::string", "\"auto\"",
+           "How expert parallel moves tokens: routed, all (every token to every rank) or auto">,
   ];
   let dependentDialects = ["::moec::moe::MoeDialect"];
 }

@@ -70,6 +70,21 @@ public:
     }
     return absl::OkStatus();
   }
+  absl::Status localExperts(void *indices, size_t count, plan::DType dtype, int64_t first,
+                            int64_t perRank) override {
+    auto renumber = [&](auto *e) {
+      for (size_t i = 0; i < count; ++i)
+        e[i] = e[i] >= first && e[i] - first < perRank ? e[i] - first : -1;
+    };
+    if (dtype == plan::I64)
+      renumber(static_cast<int64_t *>(indices));
+    else if (dtype == plan::I32)
+      renumber(static_cast<int32_t *>(indices));
+    else
+      return absl::InvalidArgumentError(std::string("localExperts takes i32 or i64 indices, got ") +
+                                        plan::dtypeName(dtype));
+    return absl::OkStatus();
+  }
   absl::Status synchronize() override { return absl::OkStatus(); }
   ThreadPool *pool() override { return &threadPool; }
   const KernelRegistry &kernels() const override { return registry; }

@@ -48,6 +48,11 @@ public:
   /// kernels (the expert exchange adds a token's partial sums from the ranks it went to).
   virtual absl::Status sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow,
                                size_t width, plan::DType from, plan::DType to) = 0;
+  /// In place over `count` expert indices of `dtype` (i32 or i64), ordered with the kernels: an
+  /// expert in [first, first + perRank) becomes its number on this rank (e - first), any other
+  /// -1 (the expert exchange's received experts, when every token comes to every rank).
+  virtual absl::Status localExperts(void *indices, size_t count, plan::DType dtype, int64_t first,
+                                    int64_t perRank) = 0;
   /// Waits for every kernel launched so far; reports an asynchronous failure.
   virtual absl::Status synchronize() = 0;
   /// What kernels get as ctx.stream / ctx.pool.

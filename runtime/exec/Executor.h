@@ -138,6 +138,7 @@ private:
   /// experts' indices, then one message per pair of ranks, gathered (or summed) by one kernel.
   absl::Status expertExchange(const plan::Collective &collective, comm::Communicator &comm);
   absl::Status expertRoute(const plan::Collective &collective, comm::Communicator &comm);
+  absl::Status allTokensRoute(const plan::Collective &collective, comm::Communicator &comm);
   /// The expert exchange's rows in flight, grouped by source rank: grown on demand, kept.
   absl::Status reserveStaging(size_t bytes);
 
@@ -159,6 +160,7 @@ private:
     std::vector<size_t> sent, received; // tokens to and from each rank of the group
     std::vector<int64_t> tokensSent;    // the sent tokens, grouped by destination rank (device rows)
     std::vector<int64_t> rowOf;         // [tokens, ranks]: a token's row among them, or -1
+    bool allTokens = false;             // every token to every rank, in token order (no gather)
   };
   /// Each route of this run by its layout buffer (the sends and returns of its layer read it;
   /// a recomputed route writes it again).

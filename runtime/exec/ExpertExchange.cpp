@@ -8,7 +8,9 @@
 // gathers the tokens' rows per destination with one kernel
 // (Device::gatherRows) and exchanges one message per pair of ranks; a
 // return exchanges the other way and adds each token's rows from its ranks
-// with one kernel (Device::sumRows).
+// with one kernel (Device::sumRows). A route with all_tokens sends every
+// token to every rank: an all-gather of the experts (renumbered on the device)
+// and of the rows, fixed sizes, no wait for the device.
 //
 //===----------------------------------------------------------------------===//
 
@@ -44,6 +46,8 @@ size_t total(const std::vector<size_t> &counts) { return std::accumulate(counts.
 } // namespace
 
 absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Communicator &comm) {
+  if (collective.all_tokens())
+    return allTokensRoute(collective, comm);
   auto start = std::chrono::steady_clock::now();
   TensorRef indices = buffer(collective.inputs(0)), localIndices = buffer(collective.outputs(0));
   TensorRef layout = buffer(collective.outputs(1));
@@ -146,6 +150,49 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
   return absl::OkStatus();
 }
 
+absl::Status Executor::allTokensRoute(const plan::Collective &collective, comm::Communicator &comm) {
+  auto start = std::chrono::steady_clock::now();
+  TensorRef indices = buffer(collective.inputs(0)), localIndices = buffer(collective.outputs(0));
+  TensorRef layout = buffer(collective.outputs(1));
+  int n = comm.size();
+  int64_t tokens = indices.dim(0), k = indices.dim(1), perRank = collective.num_experts() / n;
+  if (tokens * n > localIndices.dim(0))
+    return absl::InternalError(absl::StrCat("the route receives ", tokens * n, " tokens; room is ",
+                                            localIndices.dim(0), " rows"));
+  // Every rank's tokens' experts, renumbered for this rank on the device: nothing waits.
+  if (absl::Status s = comm.allGather(indices.data, localIndices.data, static_cast<size_t>(tokens * k), indices.dtype);
+      !s.ok())
+    return s;
+  if (absl::Status s = dev->localExperts(localIndices.data, static_cast<size_t>(tokens * n * k), indices.dtype,
+                                         comm.rank() * perRank, perRank);
+      !s.ok())
+    return s;
+  ExpertRoute route;
+  route.allTokens = true;
+  route.sent.assign(static_cast<size_t>(n), static_cast<size_t>(tokens));
+  route.received = route.sent;
+  route.rowOf.resize(static_cast<size_t>(tokens * n));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int r = 0; r < n; ++r)
+      route.rowOf[t * n + r] = r * tokens + t;
+  // The layout: tokens to and from each rank; the expert copies are not counted (-1).
+  std::vector<int64_t> counts(4 * static_cast<size_t>(n), -1);
+  for (size_t i = 0; i < counts.size(); i += 2)
+    counts[i] = tokens;
+  if (absl::Status s = dev->uploadStaged(layout.data, counts.data(), counts.size() * sizeof(int64_t)); !s.ok())
+    return s;
+  // Launches see every received row and the dispatch's whole room for copies: the counts of
+  // copies stay on the device, where the expert MLP reads them.
+  receivedRows[collective.outputs(0)] = Received{tokens * n, localIndices.dim(0) * k};
+  routes[collective.outputs(1)] = std::move(route);
+  if (timeCollectives) {
+    if (absl::Status s = dev->synchronize(); !s.ok())
+      return s;
+    exchangeTime[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Executor::expertExchange(const plan::Collective &collective, comm::Communicator &comm) {
   if (collective.kind() == plan::Collective::EXPERT_ROUTE)
     return expertRoute(collective, comm);
@@ -158,7 +205,7 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
   const ExpertRoute &route = found->second;
   TensorRef rows = buffer(collective.inputs(0)), result = buffer(collective.outputs(0));
   size_t width = static_cast<size_t>(rows.dim(1)), rowBytes = width * comm::elementBytes(rows.dtype);
-  size_t sent = route.tokensSent.size();
+  size_t sent = total(route.sent); // rows this rank sends (and gets back)
   if (absl::Status s = reserveStaging(std::max<size_t>(sent * rowBytes, 1)); !s.ok())
     return s;
   // With collectives timed: each part's time on its own (a synchronisation after each).
@@ -172,6 +219,10 @@ absl::Status Executor::expertExchange(const plan::Collective &collective, comm::
     return s;
   };
   std::vector<Segment> tokenSide = segments(route.sent, width), expertSide = segments(route.received, width);
+  if (send && route.allTokens) // every rank receives every token, in rank then token order
+    return part(0, [&] {
+      return comm.allGather(rows.data, result.data, static_cast<size_t>(rows.dim(0)) * width, rows.dtype);
+    });
   if (send) {
     // Rows past the received ones are not written: launches see the received rows only.
     if (absl::Status s = part(1, [&] { return dev->gatherRows(staging, rows.data, route.tokensSent, rowBytes); });

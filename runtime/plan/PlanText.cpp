@@ -108,6 +108,8 @@ std::string stepText(int index, const Step &step) {
     const Collective &collective = step.collective();
     absl::StrAppend(&text, kindText(collective.kind()), " g", collective.group(), " ",
                     bufferList(collective.inputs()), " -> ", bufferList(collective.outputs()));
+    if (collective.all_tokens())
+      absl::StrAppend(&text, " all_tokens");
     break;
   }
   case Step::kRecord:

@@ -152,6 +152,7 @@ int main(int argc, char **argv) {
   Args args(argc, argv, 1);
   std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32"), backend = args.get("backend", "cpu");
   std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan");
+  std::string epExchange = args.get("ep-exchange", "auto");
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
@@ -169,7 +170,7 @@ int main(int argc, char **argv) {
     return fail("unknown flag(s): " + unknown.front());
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
-                "[--cpu-threads N] [--plan SINGLE --mesh-plan MESH]");
+                "[--cpu-threads N] [--ep-exchange auto|routed|all] [--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
   if (!moe::MeshShape::parse(meshText, mesh, error))
@@ -237,7 +238,7 @@ int main(int argc, char **argv) {
                                          "-o", tempDir + "/" + name};
     if (!meshFlag.empty())
       moecArgs.insert(moecArgs.end(), {"--mesh", meshFlag, "--pipeline-micro-batches",
-                                       std::to_string(pipelineMicroBatches)});
+                                       std::to_string(pipelineMicroBatches), "--ep-exchange", epExchange});
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
       return s;
     return plan::loadPlan(tempDir + "/" + name);

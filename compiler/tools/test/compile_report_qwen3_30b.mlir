@@ -55,3 +55,27 @@
 // RECOMPUTE: recompute: per-layer
 // RECOMPUTE: linear 7.422 7.422 7.422
 // RECOMPUTE: activation {{[0-9]\.[0-9]+}} GiB
+
+// Expert parallel over 2 ranks: a token has an expert on the other rank unless all 8 of its
+// experts are among this rank's 64: 1 - C(64,8)/C(128,8) = 0.99690, so --ep-exchange=auto sends
+// every token to every rank (fixed message sizes). Per layer, by hand: the hidden state
+// 4096 x 2048 bf16 = 16,777,216 bytes and the router weights 4096 x 8 f32 = 131,072 go out
+// (forward sends: 96 = 2 per layer, 48 x 16,908,288 = 811,597,824); the partial sums come back
+// in f32, 4096 x 2048 x 4 = 33,554,432 (x 48 = 1,610,612,736); the route sends the experts,
+// 4096 x 8 x 4 bytes x 48 = 6,291,456. The backward's returns carry the sends' gradients.
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --mesh ep=2 --emit=report \
+// RUN:   | FileCheck %s --check-prefix=EP
+// EP: expert_return    ep       forward       48  1,610,612,736
+// EP: expert_return    ep       backward      96    811,597,824
+// EP: expert_route     ep       forward       48      6,291,456  every token's experts to every rank
+// EP: expert_send      ep       forward       96    811,597,824  hidden states and router weights of every token to every rank
+// With --ep-exchange=routed a token goes only where it has an expert: 0.99690 of the bytes
+// (the route: per layer 131,072 x 0.99690 = 130,666 bytes, x 48 = 6,271,968).
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --mesh ep=2 --ep-exchange routed \
+// RUN:   --emit=report | FileCheck %s --check-prefix=ROUTED
+// ROUTED: expert_route     ep       forward       48      6,271,968  each token's experts to the ranks that hold them
+// RUN: not moec compile %root/models/qwen3-30b-a3b/config.json --mesh ep=2 --ep-exchange some 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=BADEXCHANGE
+// BADEXCHANGE: --ep-exchange must be auto, routed or all, got 'some'

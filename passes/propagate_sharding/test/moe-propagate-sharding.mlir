@@ -1,5 +1,8 @@
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2}))' | FileCheck %s
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2}))' | FileCheck %s --check-prefix=DP
+// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2 ep-exchange=all}))' | FileCheck %s --check-prefix=ALL
+// RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2 ep-exchange=routed}))' | FileCheck %s --check-prefix=ROUTED
+// RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2 ep-exchange=some}))' 2>&1 | FileCheck %s --check-prefix=BADEXCHANGE
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=2},moe-build-training-step))' | FileCheck %s --check-prefix=STEP
 // RUN: moe-opt %inputs/tiny.mlir --moe-lora-training='seq-len=8 mesh=dp=2,ep=2' | FileCheck %s --check-prefix=PIPELINE
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
@@ -31,6 +34,14 @@
 // CHECK: %[[PART:.*]] = moe.combine %[[Y]], %[[LOCAL]], %[[RW]]
 // CHECK: %[[OUT:.*]] = moe.ep_return %[[PART]], %[[LAYOUT]] {axis = "ep", ranks = 2 : i64}
 // CHECK: moe.add %{{.*}}, %[[OUT]]
+
+// How tokens travel (ep-exchange): the default (auto) routes here, since with top-2 of 4
+// experts over 2 ranks a token has no expert on a given rank with probability
+// C(2,2)/C(4,2) = 1/6 (auto sends every token only below 0.1). `all` marks the route: every
+// token to every rank.
+// ALL: moe.ep_route %{{.*}} {all_tokens, axis = "ep", num_experts = 4 : i64, ranks = 2 : i64}
+// ROUTED: moe.ep_route %{{.*}} {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64}
+// BADEXCHANGE: ep-exchange must be auto, routed or all, got 'some'
 
 // Data parallel only: the mesh, nothing else.
 // DP: moe.model @tiny attributes {mesh = "dp=2"}

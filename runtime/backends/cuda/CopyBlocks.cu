@@ -45,6 +45,14 @@ __global__ void sumRowsKernel(Out *dst, const In *src, const int64_t *rows, int6
   }
 }
 
+template <typename Index>
+__global__ void localExpertsKernel(Index *indices, int64_t count, int64_t first, int64_t perRank) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t e = int64_t(indices[i]) - first;
+    indices[i] = static_cast<Index>(e >= 0 && e < perRank ? e : -1);
+  }
+}
+
 std::string error(cudaError_t e, const char *what) {
   return std::string(what) + ": " + cudaGetErrorString(e);
 }
@@ -185,6 +193,22 @@ std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<i
     sumRowsKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const float *>(src), device, p, w);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return error(e, "sumRows kernel launch");
+  return "";
+}
+
+
+std::string BlockCopier::localExperts(void *indices, size_t count, bool i64, int64_t first, int64_t perRank) {
+  if (count == 0)
+    return "";
+  auto s = static_cast<cudaStream_t>(stream);
+  unsigned grid = static_cast<unsigned>(std::min<size_t>((count + 255) / 256, 4096));
+  auto n = static_cast<int64_t>(count);
+  if (i64)
+    localExpertsKernel<<<grid, 256, 0, s>>>(static_cast<int64_t *>(indices), n, first, perRank);
+  else
+    localExpertsKernel<<<grid, 256, 0, s>>>(static_cast<int32_t *>(indices), n, first, perRank);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return error(e, "localExperts kernel launch");
   return "";
 }
 

@@ -1,8 +1,9 @@
 //===- CopyBlocks.h - row gathers and sums in one kernel --------*- C++ -*-===//
 //
-// The CUDA device's gatherRows, sumRows and staged uploads: the expert exchange
-// gathers the rows of thousands of tokens per message and adds each token's
-// returned rows; one cudaMemcpyAsync per row would cost more than the copies.
+// The CUDA device's gatherRows, sumRows, localExperts and staged uploads: the
+// expert exchange gathers the rows of thousands of tokens per message, adds each
+// token's returned rows and renumbers received experts; one cudaMemcpyAsync per
+// row would cost more than the copies.
 // Plain C++: callers need no CUDA headers.
 //
 //===----------------------------------------------------------------------===//
@@ -38,6 +39,9 @@ public:
   /// in `dst` (rounded once).
   std::string sumRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t perRow, size_t width,
                       bool srcBf16, bool dstBf16);
+  /// In place over `count` expert indices (i64 or i32): e in [first, first + perRank) becomes
+  /// e - first, any other -1 (another rank's expert).
+  std::string localExperts(void *indices, size_t count, bool i64, int64_t first, int64_t perRank);
 
 private:
   /// The device table, with room for `bytes` (a larger one waits for the stream first).

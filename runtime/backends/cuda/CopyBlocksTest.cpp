@@ -1,7 +1,8 @@
 //===- CopyBlocksTest.cpp - the CUDA device's row gathers and sums -------===//
 //
 // gatherRows against memcpy on the host, sumRows against a host sum of the
-// same rows, staged uploads; destinations start poisoned.
+// same rows, localExperts against the rule on the host, staged uploads;
+// destinations start poisoned.
 
 #include "runtime/backends/cuda/CopyBlocks.h"
 
@@ -160,6 +161,43 @@ void expectSums(bool srcBf16, bool dstBf16, uint64_t seed) {
 TEST(SumRows, F32RowsAddInSourceOrder) { expectSums(false, false, 5); }
 TEST(SumRows, Bf16RowsRoundTheF32SumOnce) { expectSums(true, true, 6); }
 TEST(SumRows, F32RowsIntoBf16RoundTheSumOnce) { expectSums(false, true, 7); }
+
+/// localExperts against the rule on the host: experts of rank `rank` of `ranks` (E/ranks each)
+/// become local numbers, every other expert -1; a count that is not a multiple of any block
+/// size, and the elements past it keep their values.
+template <typename Index>
+void expectLocalExperts(int64_t rank, int64_t ranks, uint64_t seed) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    GTEST_SKIP() << "no GPU available";
+  const int64_t experts = 128, perRank = experts / ranks, count = 3 * 4099 * 8;
+  std::mt19937_64 rng(seed);
+  std::vector<Index> indices(count + 5), want(indices.size());
+  for (Index &e : indices)
+    e = static_cast<Index>(rng() % experts);
+  for (size_t i = 0; i < indices.size(); ++i) {
+    int64_t local = int64_t(indices[i]) - rank * perRank;
+    want[i] = i < size_t(count) ? static_cast<Index>(local >= 0 && local < perRank ? local : -1) : indices[i];
+  }
+  void *d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, indices.size() * sizeof(Index)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, indices.data(), indices.size() * sizeof(Index), cudaMemcpyHostToDevice), cudaSuccess);
+  BlockCopier copier(nullptr);
+  EXPECT_EQ(copier.localExperts(d, size_t(count), sizeof(Index) == 8, rank * perRank, perRank), "");
+  std::vector<Index> got(indices.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), d, got.size() * sizeof(Index), cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t wrong = 0, local = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    wrong += got[i] != want[i];
+    local += i < size_t(count) && got[i] >= 0;
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << got.size() << " indices";
+  EXPECT_GT(local, 0u); // some experts are this rank's, so the test sees both cases
+  cudaFree(d);
+}
+
+TEST(LocalExperts, I32SecondOfTwoRanks) { expectLocalExperts<int32_t>(1, 2, 8); }
+TEST(LocalExperts, I64ThirdOfEightRanks) { expectLocalExperts<int64_t>(2, 8, 9); }
 
 } // namespace
 } // namespace moec::runtime::cuda

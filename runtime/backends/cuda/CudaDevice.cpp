@@ -99,6 +99,16 @@ public:
     std::string error = copier->sumRows(dst, src, rows, perRow, width, from == plan::BF16, to == plan::BF16);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
+  absl::Status localExperts(void *indices, size_t count, plan::DType dtype, int64_t first,
+                            int64_t perRank) override {
+    if (dtype != plan::I32 && dtype != plan::I64)
+      return absl::InvalidArgumentError(std::string("localExperts takes i32 or i64 indices, got ") +
+                                        plan::dtypeName(dtype));
+    if (!copier)
+      copier = std::make_unique<BlockCopier>(cudaStream);
+    std::string error = copier->localExperts(indices, count, dtype == plan::I64, first, perRank);
+    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
+  }
   absl::Status synchronize() override { return cudaStatus(cudaStreamSynchronize(cudaStream), "the GPU"); }
   void *stream() override { return cudaStream; }
   const KernelRegistry &kernels() const override { return registry; }
