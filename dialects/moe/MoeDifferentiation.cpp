@@ -70,7 +70,7 @@ LogicalResult TpEnterOp::buildBackward(OpBuilder &builder, ValueRange resultGrad
   // Each rank's part of the region contributes to the input's gradient: their sum.
   operandGrads.assign(1, Value());
   if (wanted[0] && resultGrads[0])
-    operandGrads[0] = builder.create<TpExitOp>(getLoc(), resultGrads[0], getAxisAttr());
+    operandGrads[0] = builder.create<TpExitOp>(getLoc(), resultGrads[0].getType(), resultGrads[0], getAxisAttr());
   return success();
 }
 

@@ -958,22 +958,26 @@ def Moe_TpEnterOp : Moe_Op<"tp_enter", [Pure, SameOperandsAndResultType,
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Moe_TpExitOp : Moe_Op<"tp_exit", [Pure, SameOperandsAndResultType,
+def Moe_TpExitOp : Moe_Op<"tp_exit", [Pure,
     DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
   let summary = "Sums the ranks' partial results of a tensor-parallel region (all-reduce).";
   let description = [{
     Each rank of `axis` holds a partial sum (its heads' share of the output
-    projection); the result, the same on every rank, is their sum. The
+    projection); the result, the same on every rank, is their sum: of the
+    input's type, or an f32 sum rounded once to a narrower result (an
+    expert's output, rounded where one GPU's expert MLP rounds it). The
     backward is the identity: every rank's part depends on the sum the same
     way.
 
     ```mlir
-    %y = moe.tp_exit %partial {axis = "tp"} : tensor<?x64xf32>
+    %y = moe.tp_exit %partial {axis = "tp"} : tensor<?x64xf32> -> tensor<?x64xf32>
+    %e = moe.tp_exit %experts {axis = "tp"} : tensor<?x64xf32> -> tensor<?x64xbf16>
     ```
   }];
   let arguments = (ins Moe_Tensor:$input, StrAttr:$axis);
   let results = (outs Moe_Tensor:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
 }
 
 #endif // DIALECTS_MOE_MOEOPS_TD_

@@ -473,7 +473,9 @@ LogicalResult ExpertMLPOp::verify() {
         c.dim("down", getDown(), 0, e, "number of experts") &&
         c.dim("down", getDown(), inDim, inter, "expert intermediate size") &&
         c.dim("down", getDown(), outDim, d, "token features") &&
-        activation(c, "result", getResult(), getTokens(), "tokens") &&
+        (tensorType(getResult()).getElementType().isF32() // a tp rank's partial output, kept exact
+             ? c.rank("result", getResult(), 2) && c.sameDim("tokens", getTokens(), 0, "result", getResult(), 0)
+             : activation(c, "result", getResult(), getTokens(), "tokens")) &&
         c.dim("result", getResult(), 1, d, "token features")))
     return failure();
   if (getGate()) {
@@ -601,6 +603,16 @@ static LogicalResult verifyEpRows(Op op, bool mayNarrow) {
 
 LogicalResult EpSendOp::verify() { return verifyEpRows(*this, /*mayNarrow=*/false); }
 LogicalResult EpReturnOp::verify() { return verifyEpRows(*this, /*mayNarrow=*/true); }
+
+LogicalResult TpExitOp::verify() {
+  auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (in.getShape() != out.getShape())
+    return emitOpError("result shape ") << out << " differs from the input's " << in;
+  if (in.getElementType() != out.getElementType() && !in.getElementType().isF32())
+    return emitOpError("result element type ") << out.getElementType() << " differs from the input's "
+                                              << in.getElementType() << " (only an f32 sum may be rounded)";
+  return success();
+}
 
 LogicalResult MicrobatchOp::verify() {
   int64_t index = getIndex(), count = getCount();

@@ -250,7 +250,7 @@ void apply(HeadSplit &plan, int64_t ranks) {
       partial.setType(cast<RankedTensorType>(partial.getType()).clone(f32));
   for (Value partial : plan.exits) {
     b.setInsertionPointAfterValue(partial);
-    auto exit = b.create<moe::TpExitOp>(partial.getLoc(), partial, tp);
+    auto exit = b.create<moe::TpExitOp>(partial.getLoc(), partial.getType(), partial, tp);
     partial.replaceUsesWithIf(exit.getResult(), [&](OpOperand &use) {
       Operation *user = use.getOwner();
       return user != exit.getOperation() && !(isa<moe::AddOp>(user) && plan.partials.contains(user->getResult(0)));
@@ -301,7 +301,12 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
   b.setInsertionPoint(mlp);
   mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(mlp.getLoc(), mlp.getTokens(), tp));
   b.setInsertionPointAfter(mlp);
-  auto exit = b.create<moe::TpExitOp>(mlp.getLoc(), mlp.getResult(), tp);
+  // On narrower data each rank's partial output stays f32, and the sum over tp is rounded once:
+  // the rounding one GPU's expert MLP makes of its output.
+  auto type = cast<RankedTensorType>(mlp.getType());
+  if (!type.getElementType().isF32())
+    mlp.getResult().setType(type.clone(b.getF32Type()));
+  auto exit = b.create<moe::TpExitOp>(mlp.getLoc(), type, mlp.getResult(), tp);
   mlp.getResult().replaceAllUsesExcept(exit.getResult(), exit);
 }
 

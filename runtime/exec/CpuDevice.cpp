@@ -47,6 +47,13 @@ public:
     std::memset(dst, 0, bytes);
     return absl::OkStatus();
   }
+  absl::Status convert(void *dst, plan::DType to, const void *src, plan::DType from, size_t count) override {
+    if (from != plan::F32 || to != plan::F32) // bf16 plans run as f32 here (emulatesBf16)
+      return absl::InvalidArgumentError(std::string("convert on the CPU takes f32, got ") + plan::dtypeName(from) +
+                                        " to " + plan::dtypeName(to));
+    std::memmove(dst, src, count * sizeof(float));
+    return absl::OkStatus();
+  }
   absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) override {
     for (size_t i = 0; i < rows.size(); ++i)
       std::memcpy(static_cast<char *>(dst) + i * rowBytes,

@@ -39,6 +39,9 @@ public:
   /// A small host-to-device copy that does not wait for the device: the bytes are staged
   /// first (the host buffer may go at once), the copy is ordered with the kernels.
   virtual absl::Status uploadStaged(void *dst, const void *host, size_t bytes) { return upload(dst, host, bytes); }
+  /// `count` elements of `src` (`from`) into `dst` (`to`), rounded to nearest even, ordered with
+  /// the kernels (an f32 sum over tp rounded once into a bf16 result).
+  virtual absl::Status convert(void *dst, plan::DType to, const void *src, plan::DType from, size_t count) = 0;
   /// dst row i = src row rows[i], rows of `rowBytes` bytes, ordered with the kernels (the expert
   /// exchange gathers the tokens bound for each rank).
   virtual absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) = 0;

@@ -458,7 +458,17 @@ absl::Status Executor::collective(const plan::Collective &collective) {
                                                  " is not run yet (ALL_REDUCE, the expert exchange and SEND_RECV are)"));
   for (int k = 0; k < collective.inputs_size(); ++k) {
     TensorRef in = buffer(collective.inputs(k)), out = buffer(collective.outputs(k));
-    if (absl::Status s = comm.allReduce(in.data, out.data, static_cast<size_t>(in.numel()), in.dtype); !s.ok())
+    // An f32 sum rounded into a narrower output: summed in f32 (in the staging buffer), then
+    // rounded once.
+    bool rounds = in.dtype != out.dtype;
+    size_t count = static_cast<size_t>(in.numel());
+    if (rounds)
+      if (absl::Status s = reserveStaging(count * comm::elementBytes(in.dtype)); !s.ok())
+        return s;
+    absl::Status s = comm.allReduce(in.data, rounds ? staging : out.data, count, in.dtype);
+    if (s.ok() && rounds)
+      s = dev->convert(out.data, out.dtype, staging, in.dtype, count);
+    if (!s.ok())
       return absl::Status(s.code(), absl::StrCat("all-reduce of '", rankProto->buffers(collective.inputs(k)).name(),
                                                  "' over ", rankProto->groups(collective.group()).axis(), " (",
                                                  comm.name(), "): ", s.message()));

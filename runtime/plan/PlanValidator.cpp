@@ -765,12 +765,17 @@ private:
       const Buffer *in = inputs[i], *out = outputs[i];
       if (!in || !out)
         continue;
-      if (in->dtype() != out->dtype()) {
+      // An all-reduce may round an f32 sum once into a narrower output (a tp sum of f32 partials).
+      bool rounds = collective.kind() == Collective::ALL_REDUCE && in->dtype() == F32 &&
+                    (out->dtype() == BF16 || out->dtype() == F16);
+      if (in->dtype() != out->dtype() && !rounds) {
         problems.add(at, "collective.outputs[", i, "] is ", dtypeName(out->dtype()), ", expected the dtype of inputs[",
-                     i, "] (", dtypeName(in->dtype()), ")");
+                     i, "] (", dtypeName(in->dtype()), ")",
+                     collective.kind() == Collective::ALL_REDUCE ? " or, for an f32 input, a narrower float" : "");
         continue;
       }
-      int64_t expected = in->size_bytes();
+      int64_t expected = in->size_bytes() / dtypeSize(static_cast<DType>(in->dtype())) *
+                         dtypeSize(static_cast<DType>(out->dtype()));
       const char *rule = "the size of inputs[i]";
       if (collective.kind() == Collective::ALL_GATHER) {
         if (__builtin_mul_overflow(in->size_bytes(), groupSize, &expected))

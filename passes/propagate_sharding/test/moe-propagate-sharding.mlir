@@ -73,7 +73,7 @@
 // TP: %tokens, %counts = moe.dispatch
 // TP: %[[IN:.*]] = moe.tp_enter %tokens {axis = "tp"} : tensor<?x16xf32>
 // TP-NEXT: %[[Y:.*]] = moe.expert_mlp %[[IN]], %counts, up %{{.*}}, down %{{.*}} {{.*}} : (tensor<?x16xf32>, tensor<4xi64>, tensor<4x4x16xf32>, tensor<4x16x4xf32>) -> tensor<?x16xf32>
-// TP-NEXT: %[[SUM:.*]] = moe.tp_exit %[[Y]] {axis = "tp"} : tensor<?x16xf32>
+// TP-NEXT: %[[SUM:.*]] = moe.tp_exit %[[Y]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
 // TP-NEXT: moe.combine %[[SUM]]
 // TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention) and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
@@ -97,7 +97,7 @@
 // HEADS: moe.linear %[[IN]], %{{.*}} : (tensor<?x64xf32>, tensor<32x64xf32>) -> tensor<?x32xf32>
 // HEADS: moe.attention {{.*}} {head_dim = 16 : i64, num_heads = 2 : i64, num_kv_heads = 1 : i64, {{.*}}} : (tensor<?x32xf32>, tensor<?x16xf32>, tensor<?x16xf32>) -> tensor<?x32xf32>
 // HEADS: %[[SUM:.*]] = moe.add
-// HEADS-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"} : tensor<?x64xf32>
+// HEADS-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"} : tensor<?x64xf32> -> tensor<?x64xf32>
 // HEADS-NEXT: moe.add %arg0, %[[OUT]]
 // The backward of tp_enter is the sum over tp (tp_exit on the gradient); the partial
 // gradients get their own bucket, over tp.

@@ -32,6 +32,14 @@ __device__ float toFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ void fromFloat(float &out, float v) { out = v; }
 __device__ void fromFloat(__nv_bfloat16 &out, float v) { out = __float2bfloat16_rn(v); }
 
+/// dst[i] = src[i] in dst's type, a grid-stride loop.
+template <typename In, typename Out>
+__global__ void convertKernel(Out *dst, const In *src, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    fromFloat(dst[i], toFloat(src[i]));
+}
+
 /// One block per destination row; the sources in table order, f32 accumulation.
 template <typename In, typename Out>
 __global__ void sumRowsKernel(Out *dst, const In *src, const int64_t *rows, int64_t perRow, int64_t width) {
@@ -168,6 +176,26 @@ std::string BlockCopier::gatherRows(void *dst, const void *src, const std::vecto
                                           static_cast<int64_t>(rowBytes));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     return error(e, "gatherRows kernel launch");
+  return "";
+}
+
+std::string BlockCopier::convert(void *dst, const void *src, size_t count, bool srcBf16, bool dstBf16) {
+  if (count == 0)
+    return "";
+  auto s = static_cast<cudaStream_t>(stream);
+  unsigned grid = static_cast<unsigned>(std::min<size_t>((count + 255) / 256, 4096));
+  auto n = static_cast<int64_t>(count);
+  using Bf16 = __nv_bfloat16;
+  if (srcBf16 && dstBf16)
+    convertKernel<<<grid, 256, 0, s>>>(static_cast<Bf16 *>(dst), static_cast<const Bf16 *>(src), n);
+  else if (srcBf16)
+    convertKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const Bf16 *>(src), n);
+  else if (dstBf16)
+    convertKernel<<<grid, 256, 0, s>>>(static_cast<Bf16 *>(dst), static_cast<const float *>(src), n);
+  else
+    convertKernel<<<grid, 256, 0, s>>>(static_cast<float *>(dst), static_cast<const float *>(src), n);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return error(e, "convert kernel launch");
   return "";
 }
 

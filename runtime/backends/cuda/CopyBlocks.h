@@ -32,6 +32,8 @@ public:
   /// Copies `bytes` from the host to `dst` through the same pinned buffers, without waiting
   /// for the stream.
   std::string upload(void *dst, const void *host, size_t bytes);
+  /// `count` elements of `src` into `dst`, f32 or bf16 each (to bf16: rounded to nearest even).
+  std::string convert(void *dst, const void *src, size_t count, bool srcBf16, bool dstBf16);
   /// dst row i = src row rows[i], rows of `rowBytes` bytes.
   std::string gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes);
   /// dst row t = the sum of src rows rows[t perRow + s] (s in order; negative: none) with f32

@@ -158,6 +158,42 @@ void expectSums(bool srcBf16, bool dstBf16, uint64_t seed) {
   cudaFree(dDst);
 }
 
+// convert: f32 to bf16 rounds to nearest even, as the host does; back to f32 is exact.
+TEST(Convert, F32ToBf16RoundsToNearestEven) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    GTEST_SKIP() << "no GPU available";
+  std::mt19937_64 rng(8);
+  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+  std::vector<float> src(10007);
+  for (float &v : src)
+    v = uniform(rng);
+  float *dSrc = nullptr, *dBack = nullptr;
+  uint16_t *dHalf = nullptr;
+  ASSERT_EQ(cudaMalloc(&dSrc, src.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dHalf, src.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dBack, src.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dSrc, src.data(), src.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  BlockCopier copier(nullptr);
+  EXPECT_EQ(copier.convert(dHalf, dSrc, src.size(), false, true), "");
+  EXPECT_EQ(copier.convert(dBack, dHalf, src.size(), true, false), "");
+  std::vector<float> back(src.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), dBack, back.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t wrong = 0;
+  for (size_t i = 0; i < src.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &src[i], 4);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    float want;
+    std::memcpy(&want, &bits, 4);
+    wrong += !(back[i] == want);
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << src.size();
+  cudaFree(dSrc);
+  cudaFree(dHalf);
+  cudaFree(dBack);
+}
+
 TEST(SumRows, F32RowsAddInSourceOrder) { expectSums(false, false, 5); }
 TEST(SumRows, Bf16RowsRoundTheF32SumOnce) { expectSums(true, true, 6); }
 TEST(SumRows, F32RowsIntoBf16RoundTheSumOnce) { expectSums(false, true, 7); }

@@ -82,6 +82,15 @@ public:
     std::string error = copier->upload(dst, host, bytes);
     return error.empty() ? absl::OkStatus() : absl::InternalError(error);
   }
+  absl::Status convert(void *dst, plan::DType to, const void *src, plan::DType from, size_t count) override {
+    for (plan::DType dtype : {from, to})
+      if (dtype != plan::F32 && dtype != plan::BF16)
+        return absl::InvalidArgumentError(std::string("convert takes f32 or bf16, got ") + plan::dtypeName(dtype));
+    if (!copier)
+      copier = std::make_unique<BlockCopier>(cudaStream);
+    std::string error = copier->convert(dst, src, count, from == plan::BF16, to == plan::BF16);
+    return error.empty() ? absl::OkStatus() : absl::InternalError(error);
+  }
   absl::Status gatherRows(void *dst, const void *src, const std::vector<int64_t> &rows, size_t rowBytes) override {
     if (!copier)
       copier = std::make_unique<BlockCopier>(cudaStream);
