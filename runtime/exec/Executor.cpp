@@ -48,16 +48,19 @@ std::string stepName(int index, const plan::Step &step) {
 
 } // namespace
 
-/// Wall time per kernel (MOEC_PROFILE=1) over every run but the first (the warm-up: first
-/// calls pay for library set-up and memory pools), printed to stderr when the executor goes
-/// away. Kernels outside the layer templates (embedding, LM head, loss) are listed apart.
+/// Wall time per kernel and collective (MOEC_PROFILE=1) over every run but the first (the
+/// warm-up: first calls pay for library set-up and memory pools), printed to stderr when the
+/// executor goes away. Kernels outside the layer templates (embedding, LM head, loss) are
+/// listed apart.
 class StepProfile {
 public:
   void startRun() { ++runs; }
   void add(const plan::Step &step, double seconds) {
     if (runs < 2)
       return;
-    std::string key = step.launch().kernel();
+    std::string key = step.has_launch() ? step.launch().kernel()
+                                        : std::string(plan::collectiveKindName(step.collective().kind())) +
+                                              " (collective)";
     if (step.origin().find(" in @") == std::string::npos)
       key += " (outside layers)";
     Entry &e = byKernel[key];
@@ -71,7 +74,7 @@ public:
     for (auto &row : rows)
       total += row.second.seconds;
     int measured = std::max(runs - 1, 1);
-    std::fprintf(stderr, "MOEC_PROFILE: %.2f ms in kernels per run over %d run(s) after the first "
+    std::fprintf(stderr, "MOEC_PROFILE: %.2f ms in kernels and collectives per run over %d run(s) after the first "
                  "(synchronised after each step)\n", total * 1e3 / measured, runs - 1);
     for (auto &[kernel, e] : rows)
       std::fprintf(stderr, "  %-40s %9.3f ms per run %5.1f%% %6ld calls per run\n", kernel.c_str(),
@@ -375,12 +378,15 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
           return absl::InternalError(absl::StrCat(stepName(s, step), " on ", dev->name(), ": ", synced.message()));
       auto start = std::chrono::steady_clock::now();
       absl::Status status = collective(step.collective());
-      if (status.ok() && timeCollectives)
+      // Profiled, a collective's time is its own too (the next kernel would otherwise absorb it).
+      if (status.ok() && (timeCollectives || profile))
         status = dev->synchronize();
       if (!status.ok())
         return absl::Status(status.code(), absl::StrCat(stepName(s, step), ": ", status.message()));
       if (timeCollectives)
         collectiveTime += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (profile)
+        profile->add(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     if (afterStep)
       afterStep(s);

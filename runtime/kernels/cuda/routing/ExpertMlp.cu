@@ -281,6 +281,28 @@ void zeroUncountedRows(const KernelContext &ctx, const Experts &m, float *y, int
   checkLaunch(ctx, "expert_mlp: uncounted rows");
 }
 
+/// out [rows, width] = y's counted rows in out's storage type, zero past them (y is not read
+/// there: on an expert-parallel rank most of the room may be uncounted).
+__global__ void storeCountedRowsKernel(const float *y, FloatOut out, const int64_t *offsets, int64_t experts,
+                                       int64_t rows, int64_t width) {
+  int64_t counted = offsets[experts] * width, total = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out.store(i, i < counted ? y[i] : 0.0f);
+}
+
+/// The f32 rows `y` into `out` (an f32 `out` is `y` itself): counted rows kept, the rest zero.
+void storeCountedRows(const KernelContext &ctx, const Experts &m, float *y, int64_t width, const int64_t *offsets,
+                      void *out, plan::DType outType) {
+  if (out == y)
+    return zeroUncountedRows(ctx, m, y, width, offsets);
+  if (m.rows * width == 0)
+    return;
+  storeCountedRowsKernel<<<gridFor(m.rows * width), kThreads, 0, streamOf(ctx)>>>(
+      y, floatOut(out, outType), offsets, m.experts, m.rows, width);
+  checkLaunch(ctx, "expert_mlp: store rows");
+}
+
 /// The E + 1 row offsets on the device (from the device counts, checked there).
 DeviceBuffer deviceOffsets(const KernelContext &ctx, const Experts &m) {
   DeviceBuffer offsets(ctx, (m.experts + 1) * sizeof(int64_t));
@@ -328,14 +350,20 @@ void addBias(const KernelContext &ctx, const Experts &m, float *y, int64_t width
 /// What the activation kernels need.
 struct ActParams {
   int64_t rows = 0, inter = 0, upOut = 0;
+  // offsets[experts]: the counted rows (an expert-parallel rank's buffers have room for more;
+  // the work past them would be wasted).
+  const int64_t *offsets = nullptr;
+  int64_t experts = 0;
   bool fused = false, gated = false;
   int act = Silu;
   double limit = 0;
 };
 
-ActParams actParams(const Experts &m) {
+ActParams actParams(const Experts &m, const int64_t *offsets) {
   ActParams a;
   a.rows = m.rows;
+  a.offsets = offsets;
+  a.experts = m.experts;
   a.inter = m.inter;
   a.upOut = m.upOut;
   a.fused = m.fused;
@@ -374,7 +402,7 @@ __device__ __forceinline__ double upAt(const ActParams &a, const float *p, int64
 
 /// h [R, inter] = act(gate, up).
 __global__ void activateKernel(ActParams a, const float *p, const float *g, FloatOut h) {
-  int64_t total = a.rows * a.inter;
+  int64_t total = a.offsets[a.experts] * a.inter;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t i = k / a.inter, c = k % a.inter;
@@ -397,7 +425,7 @@ __global__ void activateKernel(ActParams a, const float *p, const float *g, Floa
 /// gradient passes where the input lies within the bounds, ends included).
 __global__ void activationGradKernel(ActParams a, const float *p, const float *g,
                                      const float *dh, FloatOut dp, FloatOut dg) {
-  int64_t total = a.rows * a.inter;
+  int64_t total = a.offsets[a.experts] * a.inter;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t i = k / a.inter, c = k % a.inter;
@@ -485,7 +513,7 @@ void forwardActivations(const KernelContext &ctx, const Experts &m, const Operan
             f.g.as<float>());
   if (R * I > 0) {
     activateKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
-        actParams(m), f.p.as<float>(), f.g.as<float>(), floatOut(f.h.get(), type));
+        actParams(m, offsets), f.p.as<float>(), f.g.as<float>(), floatOut(f.h.get(), type));
     checkLaunch(ctx, "expert_mlp: activation");
   }
 }
@@ -568,9 +596,7 @@ void expertMlpForward(KernelContext &ctx) {
     DeviceBuffer z(ctx, type, R * m.downLora.rank);
     addLora(ctx, m, g, type, s.downA, s.downB, m.downLora.rank, f.h.get(), I, D, z.get(), y);
   }
-  zeroUncountedRows(ctx, m, y, D, g.offsets);
-  if (yScratch.get())
-    convertFloats(ctx, y, plan::F32, result.data, result.dtype, R * D);
+  storeCountedRows(ctx, m, y, D, g.offsets, result.data, result.dtype);
 }
 
 void expertMlpBackward(KernelContext &ctx) {
@@ -641,7 +667,7 @@ void expertMlpBackward(KernelContext &ctx) {
                      zDown.get(), I, D, dz.get(), dh.as<float>(), 0.0f);
   if (R * I > 0) {
     activationGradKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
-        actParams(m), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),
+        actParams(m, off), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),
         m.gate ? floatOut(dg.get(), type) : FloatOut{});
     checkLaunch(ctx, "expert_mlp.backward: activation");
   }
@@ -655,9 +681,7 @@ void expertMlpBackward(KernelContext &ctx) {
   for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
     t->finish(ctx);
   if (dx)
-    zeroUncountedRows(ctx, m, dx, D, off);
-  if (dxScratch.get())
-    convertFloats(ctx, dx, plan::F32, dTokens->data, dTokens->dtype, R * D);
+    storeCountedRows(ctx, m, dx, D, off, dTokens->data, dTokens->dtype);
 }
 
 } // namespace moec::runtime::cuda::routing
