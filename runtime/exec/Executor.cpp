@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -364,7 +366,8 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
       absl::Status status = invoke(*stepKernels[s], launch.kernel(), launch.attrs(),
                                    {launch.inputs().begin(), launch.inputs().end()},
                                    {launch.outputs().begin(), launch.outputs().end()},
-                                   /*zeroOutputs=*/launch.kernel() != "accumulate_grad");
+                                   /*zeroOutputs=*/launch.kernel() != "accumulate_grad" &&
+                                       dev->kernels().needsZeroedOutputs(launch.kernel()));
       if (!status.ok())
         return absl::Status(status.code(), absl::StrCat(stepName(s, step), ": ", status.message()));
       if (syncEachStep || profile)
@@ -462,21 +465,39 @@ absl::Status Executor::collective(const plan::Collective &collective) {
   if (collective.kind() != plan::Collective::ALL_REDUCE)
     return absl::UnimplementedError(absl::StrCat("collective ", plan::Collective::Kind_Name(collective.kind()),
                                                  " is not run yet (ALL_REDUCE, the expert exchange and SEND_RECV are)"));
-  for (int k = 0; k < collective.inputs_size(); ++k) {
-    TensorRef in = buffer(collective.inputs(k)), out = buffer(collective.outputs(k));
+  // In-place sums of buffers that lie next to each other in memory (a layer's gradients, laid
+  // out in order) are one call: a collective call costs more than its bytes at these sizes.
+  std::vector<int> order(static_cast<size_t>(collective.inputs_size()));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return std::less<const void *>()(buffer(collective.inputs(a)).data, buffer(collective.inputs(b)).data);
+  });
+  for (size_t i = 0; i < order.size(); ++i) {
+    int first = order[i];
+    TensorRef in = buffer(collective.inputs(first)), out = buffer(collective.outputs(first));
     // An f32 sum rounded into a narrower output: summed in f32 (in the staging buffer), then
     // rounded once.
     bool rounds = in.dtype != out.dtype;
-    size_t count = static_cast<size_t>(in.numel());
+    size_t count = static_cast<size_t>(in.numel()), element = comm::elementBytes(in.dtype), merged = 0;
+    while (!rounds && in.data == out.data && i + 1 < order.size()) {
+      TensorRef next = buffer(collective.inputs(order[i + 1]));
+      if (next.data != buffer(collective.outputs(order[i + 1])).data || next.dtype != in.dtype ||
+          next.data != static_cast<char *>(in.data) + count * element)
+        break;
+      count += static_cast<size_t>(next.numel());
+      ++i;
+      ++merged;
+    }
     if (rounds)
-      if (absl::Status s = reserveStaging(count * comm::elementBytes(in.dtype)); !s.ok())
+      if (absl::Status s = reserveStaging(count * element); !s.ok())
         return s;
     absl::Status s = comm.allReduce(in.data, rounds ? staging : out.data, count, in.dtype);
     if (s.ok() && rounds)
       s = dev->convert(out.data, out.dtype, staging, in.dtype, count);
     if (!s.ok())
-      return absl::Status(s.code(), absl::StrCat("all-reduce of '", rankProto->buffers(collective.inputs(k)).name(),
-                                                 "' over ", rankProto->groups(collective.group()).axis(), " (",
+      return absl::Status(s.code(), absl::StrCat("all-reduce of '", rankProto->buffers(collective.inputs(first)).name(),
+                                                 merged ? absl::StrCat("' and ", merged, " more buffers") : "'",
+                                                 " over ", rankProto->groups(collective.group()).axis(), " (",
                                                  comm.name(), "): ", s.message()));
   }
   return roundEmulated({collective.outputs().begin(), collective.outputs().end()});

@@ -168,7 +168,15 @@ void KernelContext::expectShape(const TensorRef &t, const char *what,
   fail(std::string(what) + " has shape " + show(t.shape) + ", expected " + show(dims));
 }
 
-void KernelRegistry::add(const std::string &name, KernelFn fn) { kernels[name] = std::move(fn); }
+void KernelRegistry::add(const std::string &name, KernelFn fn, OutputInit init) {
+  kernels[name] = std::move(fn);
+  inits[name] = init;
+}
+
+bool KernelRegistry::needsZeroedOutputs(const std::string &name) const {
+  auto it = inits.find(name);
+  return it == inits.end() || it->second == OutputInit::Zeroed;
+}
 
 const KernelFn *KernelRegistry::find(const std::string &name) const {
   auto it = kernels.find(name);

@@ -104,14 +104,22 @@ struct KernelContext {
 using KernelFn = std::function<void(KernelContext &)>;
 
 /// Kernels by name ("linear", "linear.backward"); one registry per backend.
+/// What a kernel needs of its outputs before it runs. The executor zeroes them by default
+/// (kernels may write only what they compute); a kernel registered with `Any` writes every
+/// element a later kernel reads, so the executor skips that extra pass over its outputs.
+enum class OutputInit { Zeroed, Any };
+
 class KernelRegistry {
 public:
-  void add(const std::string &name, KernelFn fn);
+  void add(const std::string &name, KernelFn fn, OutputInit init = OutputInit::Zeroed);
   const KernelFn *find(const std::string &name) const;
+  /// Whether the executor must zero the kernel's outputs first (true for unknown names).
+  bool needsZeroedOutputs(const std::string &name) const;
   std::vector<std::string> names() const;
 
 private:
   std::map<std::string, KernelFn> kernels;
+  std::map<std::string, OutputInit> inits;
 };
 
 } // namespace moec::runtime

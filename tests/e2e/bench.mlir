@@ -27,7 +27,7 @@
 // A bf16 plan runs on the CPU too (bf16 storage emulated).
 // The per-kernel profile covers the runs after the first (warm-up 1 + 2 steps = 2 runs), one
 // line per kernel; the LM head fused with the loss (--moe-fuse) is apart from the layers.
-// PROFILE: MOEC_PROFILE: {{[0-9.]+}} ms in kernels per run over 2 run(s) after the first
+// PROFILE: MOEC_PROFILE: {{[0-9.]+}} ms in kernels and collectives per run over 2 run(s) after the first
 // PROFILE-DAG: {{^}}  expert_mlp.backward {{.*}} 2 calls per run
 // PROFILE-DAG: {{^}}  lm_head_cross_entropy (outside layers) {{.*}} 1 calls per run
 // PROFILE-DAG: {{^}}  lm_head_cross_entropy.backward (outside layers) {{.*}} 1 calls per run

@@ -15,12 +15,15 @@ namespace moec::runtime::cuda {
 void registerRoutingKernels(KernelRegistry &registry) {
   registry.add("router", routing::routerForward);
   registry.add("router.backward", routing::routerBackward);
-  registry.add("dispatch", routing::dispatchForward);
-  registry.add("dispatch.backward", routing::dispatchBackward);
-  registry.add("expert_mlp", routing::expertMlpForward);
+  // These write every row their readers read (Dispatch.cu, ExpertMlp.cu): copies' rows past
+  // the copies made (an expert-parallel rank's room) are read by no kernel, and zeroing that
+  // room would cost more than the kernels' own writes.
+  registry.add("dispatch", routing::dispatchForward, OutputInit::Any);
+  registry.add("dispatch.backward", routing::dispatchBackward, OutputInit::Any);
+  registry.add("expert_mlp", routing::expertMlpForward, OutputInit::Any);
   registry.add("expert_mlp.backward", routing::expertMlpBackward);
-  registry.add("combine", routing::combineForward);
-  registry.add("combine.backward", routing::combineBackward);
+  registry.add("combine", routing::combineForward, OutputInit::Any);
+  registry.add("combine.backward", routing::combineBackward, OutputInit::Any);
 }
 
 namespace routing {
