@@ -434,6 +434,8 @@ private:
     step.inputs = std::move(inputs);
     step.outputs = std::move(outputs);
     step.attrs = op->getAttrDictionary();
+    if (auto name = dyn_cast<NameLoc>(op->getLoc())) // --moe-propagate-sharding names why it inserted it
+      step.because = name.getName().str();
     step.layer = context.layer;
     step.phase = !context.backward            ? plan::FORWARD
                  : op->hasAttr("recomputed") ? plan::RECOMPUTE

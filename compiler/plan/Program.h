@@ -69,6 +69,9 @@ struct ProgramStep {
   plan::Phase phase = plan::FORWARD;
   int layer = -1;
   std::string origin;
+  /// A collective's provenance: the sharding decision that inserted it ("the 128 experts of
+  /// @gqa_moe split over ep = 2 (64 per rank)"), from its op's location; empty if unknown.
+  std::string because;
   int64_t flops = 0;
   /// Scratch memory the kernel allocates for itself while it runs (the fused LM head's
   /// chunk of logits); 0 for kernels whose temporaries the plan does not count.

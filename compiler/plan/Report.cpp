@@ -187,6 +187,26 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     total += row.bytes;
   }
   os << "  total " << analysis::withCommas(total) << " bytes (" << gib(total) << ") per step per rank\n";
+  // Where the resharding collectives come from: the sharding decision that inserted each (their
+  // backward counterparts included), in the order the step first meets them.
+  std::vector<std::string> reasons;
+  std::map<std::string, std::map<std::string, int64_t>> kindsOf;
+  for (const ProgramStep &step : program.steps) {
+    if (step.collective.empty() || step.because.empty())
+      continue;
+    if (!kindsOf.count(step.because))
+      reasons.push_back(step.because);
+    ++kindsOf[step.because][step.collective];
+  }
+  if (reasons.empty())
+    return;
+  os << "where they come from (--moe-propagate-sharding):\n";
+  for (const std::string &reason : reasons) {
+    std::string kinds;
+    for (const auto &[kind, count] : kindsOf[reason])
+      kinds += (kinds.empty() ? "" : ", ") + kind + " x" + std::to_string(count);
+    os << "  " << reason << ": " << kinds << "\n";
+  }
 }
 
 } // namespace moec::compiler

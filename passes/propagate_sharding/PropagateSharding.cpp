@@ -5,6 +5,7 @@
 #include "compiler/analysis/ModelSummary.h"
 #include "dialects/moe/MeshShape.h"
 #include "passes/propagate_sharding/TensorParallel.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "mlir/IR/Builders.h"
 
 #define DEBUG_TYPE "moe-propagate-sharding"
@@ -114,7 +115,14 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       if (!combine || !mlp->hasOneUse())
         return mlp.emitOpError("is not read by exactly one moe.combine with its dispatch's indices; cannot "
                                "route it over ep");
-      // The route, the sends and the return surround the unchanged local computation.
+      // The route, the sends and the return surround the unchanged local computation. Their
+      // location says which sharding they come from (--emit=report lists it).
+      auto layer = mlp->getParentOfType<moe::LayerOp>();
+      Location because = NameLoc::get(
+          b.getStringAttr(llvm::formatv("the {0} experts of @{1} split over ep = {2} ({3} per rank)", experts,
+                                        layer ? layer.getSymName() : "model", ranks, experts / ranks)
+                              .str()),
+          dispatch.getLoc());
       b.setInsertionPoint(dispatch);
       auto indices = cast<RankedTensorType>(dispatch.getIndices().getType());
       auto localIndices = RankedTensorType::get({ShapedType::kDynamic, indices.getDimSize(1)},
@@ -122,14 +130,14 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       auto layoutType = RankedTensorType::get({2, 2 * ranks}, b.getI64Type());
       bool allTokens = epExchange == "all" ||
                        (epExchange == "auto" && analysis::allTokensPays(experts, indices.getDimSize(1), ranks));
-      auto route = b.create<moe::EpRouteOp>(dispatch.getLoc(), TypeRange{localIndices, layoutType},
+      auto route = b.create<moe::EpRouteOp>(because, TypeRange{localIndices, layoutType},
                                             dispatch.getIndices(), axis, ranksAttr,
                                             b.getI64IntegerAttr(experts), allTokens ? b.getUnitAttr() : UnitAttr());
       auto rows = [&](Value v) {
         auto type = cast<RankedTensorType>(v.getType());
         return RankedTensorType::get({ShapedType::kDynamic, type.getDimSize(1)}, type.getElementType());
       };
-      auto sendX = b.create<moe::EpSendOp>(dispatch.getLoc(), rows(dispatch.getInput()), dispatch.getInput(),
+      auto sendX = b.create<moe::EpSendOp>(because, rows(dispatch.getInput()), dispatch.getInput(),
                                            route.getLayout(), axis, ranksAttr);
       dispatch.getInputMutable().assign(sendX.getResult());
       dispatch.getIndicesMutable().assign(route.getLocalIndices());
@@ -137,7 +145,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       dispatch.getCounts().setType(RankedTensorType::get(
           {experts / ranks}, cast<RankedTensorType>(dispatch.getCounts().getType()).getElementType()));
       b.setInsertionPoint(combine);
-      auto sendW = b.create<moe::EpSendOp>(combine.getLoc(), rows(combine.getWeights()), combine.getWeights(),
+      auto sendW = b.create<moe::EpSendOp>(because, rows(combine.getWeights()), combine.getWeights(),
                                            route.getLayout(), axis, ranksAttr);
       combine.getIndicesMutable().assign(route.getLocalIndices());
       combine.getWeightsMutable().assign(sendW.getResult());
@@ -147,7 +155,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       if (!sumType.getElementType().isF32())
         combine.getResult().setType(RankedTensorType::get(sumType.getShape(), b.getF32Type()));
       b.setInsertionPointAfter(combine);
-      auto back = b.create<moe::EpReturnOp>(combine.getLoc(), sumType, combine.getResult(), route.getLayout(), axis,
+      auto back = b.create<moe::EpReturnOp>(because, sumType, combine.getResult(), route.getLayout(), axis,
                                             ranksAttr);
       combine.getResult().replaceAllUsesExcept(back.getResult(), back);
     }

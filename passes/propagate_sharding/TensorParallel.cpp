@@ -23,6 +23,7 @@
 #include "passes/propagate_sharding/TensorParallel.h"
 
 #include "llvm/ADT/SetVector.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "mlir/IR/Builders.h"
 
 namespace moec::passes {
@@ -221,6 +222,14 @@ void apply(HeadSplit &plan, int64_t ranks) {
   for (Operation *gate : plan.gates)
     gate->getResult(0).setType(splitFeatures(gate->getResult(0).getType(), ranks));
   moe::AttentionOp attention = plan.attention;
+  // Where the region's collectives come from (their location; --emit=report lists it).
+  auto layer = attention->getParentOfType<moe::LayerOp>();
+  Location because = NameLoc::get(
+      b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s attention split over tp = {2} ({3} per rank)",
+                                    attention.getNumHeads(), layer ? layer.getSymName() : "model", ranks,
+                                    attention.getNumHeads() / ranks)
+                          .str()),
+      attention.getLoc());
   attention.setNumHeads(attention.getNumHeads() / ranks);
   attention.setNumKvHeads(attention.getNumKvHeads() / ranks);
   attention.getResult().setType(splitFeatures(attention.getType(), ranks));
@@ -229,7 +238,7 @@ void apply(HeadSplit &plan, int64_t ranks) {
       b.setInsertionPointAfter(def);
     else
       b.setInsertionPointToStart(cast<BlockArgument>(input).getOwner());
-    auto enter = b.create<moe::TpEnterOp>(input.getLoc(), input, tp);
+    auto enter = b.create<moe::TpEnterOp>(because, input, tp);
     input.replaceUsesWithIf(enter.getResult(), [&](OpOperand &use) { return plan.region.contains(use.getOwner()); });
   }
   // Narrow (bf16) data: the partial sums stay f32 until the ranks' parts are summed, so the
@@ -250,7 +259,7 @@ void apply(HeadSplit &plan, int64_t ranks) {
       partial.setType(cast<RankedTensorType>(partial.getType()).clone(f32));
   for (Value partial : plan.exits) {
     b.setInsertionPointAfterValue(partial);
-    auto exit = b.create<moe::TpExitOp>(partial.getLoc(), partial.getType(), partial, tp);
+    auto exit = b.create<moe::TpExitOp>(because, partial.getType(), partial, tp);
     partial.replaceUsesWithIf(exit.getResult(), [&](OpOperand &use) {
       Operation *user = use.getOwner();
       return user != exit.getOperation() && !(isa<moe::AddOp>(user) && plan.partials.contains(user->getResult(0)));
@@ -298,15 +307,21 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
   if (mlp.getGate())
     split(mlp.getGate(), 1);
   split(mlp.getDown(), 2);
+  auto layer = mlp->getParentOfType<moe::LayerOp>();
+  Location because = NameLoc::get(
+      b.getStringAttr(llvm::formatv("the intermediate features of @{0}'s experts split over tp = {1}",
+                                    layer ? layer.getSymName() : "model", ranks)
+                          .str()),
+      mlp.getLoc());
   b.setInsertionPoint(mlp);
-  mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(mlp.getLoc(), mlp.getTokens(), tp));
+  mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(because, mlp.getTokens(), tp));
   b.setInsertionPointAfter(mlp);
   // On narrower data each rank's partial output stays f32, and the sum over tp is rounded once:
   // the rounding one GPU's expert MLP makes of its output.
   auto type = cast<RankedTensorType>(mlp.getType());
   if (!type.getElementType().isF32())
     mlp.getResult().setType(type.clone(b.getF32Type()));
-  auto exit = b.create<moe::TpExitOp>(mlp.getLoc(), type, mlp.getResult(), tp);
+  auto exit = b.create<moe::TpExitOp>(because, type, mlp.getResult(), tp);
   mlp.getResult().replaceAllUsesExcept(exit.getResult(), exit);
 }
 

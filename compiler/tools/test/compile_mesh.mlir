@@ -55,6 +55,9 @@
 // REPORT: all_reduce       tp       backward       4         98,304
 // REPORT: send_recv        pp       forward        1         24,576  a micro-batch's hidden state to the next pipeline stage
 // REPORT: send_recv        pp       backward       4         73,728
+// REPORT: where they come from (--moe-propagate-sharding):
+// REPORT-NEXT: the 4 heads of @gqa_moe's attention split over tp = 2 (2 per rank): all_reduce x8
+// REPORT-NEXT: the 8 experts of @gqa_moe split over ep = 2 (4 per rank): expert_return x12, expert_route x4, expert_send x12
 // REPORT: the plan's own collectives, pipeline stage 1 of 2:
 
 // A plan's report lists its collectives. Per layer (2), a token goes to the other
@@ -71,6 +74,9 @@
 // PLANREPORT: expert_route     ep       forward        2          1,206  each token's experts
 // PLANREPORT: expert_send      ep       forward        4         39,826  hidden states and router weights
 // PLANREPORT: expert_send      ep       backward       2         38,620
+// Each kind, traced to the sharding that inserted it (two layer instances of one template).
+// PLANREPORT: where they come from (--moe-propagate-sharding):
+// PLANREPORT-NEXT: the 8 experts of @gqa_moe split over ep = 2 (4 per rank): expert_return x6, expert_route x2, expert_send x6
 
 // On bf16 data each expert-parallel rank's partial sum stays f32, and the return rounds the
 // ranks' sum once, as one GPU's combine rounds its sum.
