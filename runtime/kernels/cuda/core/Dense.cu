@@ -191,9 +191,10 @@ void loraBackward(KernelContext &ctx) {
 } // namespace
 
 void registerDenseKernels(KernelRegistry &registry) {
-  registry.add("linear", linear);
+  // GEMMs with beta 0 (or over the broadcast bias) write every element.
+  registry.add("linear", linear, OutputInit::Any);
   registry.add("linear.backward", linearBackward);
-  registry.add("lora", lora);
+  registry.add("lora", lora, OutputInit::Any);
   registry.add("lora.backward", loraBackward);
 }
 

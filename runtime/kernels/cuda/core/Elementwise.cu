@@ -383,10 +383,11 @@ void accumulateGrad(KernelContext &ctx) {
 } // namespace
 
 void registerElementwiseKernels(KernelRegistry &registry) {
-  registry.add("add", add);
-  registry.add("activation", activation);
+  // Element-wise maps write every element: no zeroing pass first (Kernel.h, OutputInit).
+  registry.add("add", add, OutputInit::Any);
+  registry.add("activation", activation, OutputInit::Any);
   registry.add("activation.backward", activationBackward);
-  registry.add("glu", glu);
+  registry.add("glu", glu, OutputInit::Any);
   registry.add("glu.backward", gluBackward);
   registry.add("sigmoid_gate", sigmoidGate);
   registry.add("sigmoid_gate.backward", sigmoidGateBackward);

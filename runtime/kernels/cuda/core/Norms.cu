@@ -260,7 +260,7 @@ void layerNormBackward(KernelContext &ctx) {
 } // namespace
 
 void registerNormKernels(KernelRegistry &registry) {
-  registry.add("rms_norm", rmsNorm);
+  registry.add("rms_norm", rmsNorm, OutputInit::Any); // every row normalised
   registry.add("rms_norm.backward", rmsNormBackward);
   registry.add("layer_norm", layerNorm);
   registry.add("layer_norm.backward", layerNormBackward);
