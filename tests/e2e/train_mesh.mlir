@@ -36,6 +36,13 @@
 // RUN:   | FileCheck %s --check-prefix=INIT
 // RUN: moe-run bench --plan %t/mesh.moeplan --model %t/model --steps 2 --warmup 1 --nproc 4 \
 // RUN:   | FileCheck %s --check-prefix=BENCH
+// Profiled, each collective is timed on its own, next to the kernels.
+// RUN: env MOEC_PROFILE=1 moe-run bench --plan %t/mesh.moeplan --model %t/model --steps 2 --warmup 1 \
+// RUN:   --nproc 4 2>&1 | FileCheck %s --check-prefix=PROFILE
+// PROFILE: MOEC_PROFILE: {{[0-9.]+}} ms in kernels and collectives per run
+// PROFILE-DAG: {{^}}  expert_send (collective) {{.*}} calls per run
+// PROFILE-DAG: {{^}}  expert_route (collective) {{.*}} calls per run
+// PROFILE-DAG: {{^}}  all_reduce (collective) (outside layers) {{.*}} calls per run
 
 // COMPILE: moec: wrote {{.*}}mesh.moeplan ({{[0-9]+}} steps, {{[0-9]+}} buffers per rank, 4 ranks)
 // One set of lines (rank 0's), four sequences per step.
