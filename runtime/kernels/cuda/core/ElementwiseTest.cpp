@@ -35,6 +35,25 @@ TEST(CudaAdd, MatchesCpu) {
         "add " + shapeText(shape));
 }
 
+// The eight-at-a-time path (sizes that are multiples of 8) with each mix of element types: a
+// bf16 residual plus an f32 adapter update, and the other way round.
+TEST(CudaAdd, MixedTypesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (size_t f32Input : {0, 1})
+    for (const std::vector<int64_t> &shape : std::vector<std::vector<int64_t>>{{64, 40}, {7, 9}}) {
+      CudaCompareOptions options;
+      options.f32Inputs = {f32Input};
+      expectMatchesCpuIn(
+          plan::BF16,
+          [&] {
+            KernelCall call(registry(), "add");
+            call.input(randomTensor(shape, 3)).input(randomTensor(shape, 4)).output(plan::F32, shape);
+            return call;
+          },
+          "add, input " + std::to_string(f32Input) + " f32, " + shapeText(shape), options);
+    }
+}
+
 TEST(CudaActivation, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (const std::string &kind : kKinds)
