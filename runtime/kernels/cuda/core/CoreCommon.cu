@@ -98,6 +98,12 @@ const void *asF32(const KernelContext &ctx, Workspace &ws, const Matrix &m) {
 
 } // namespace
 
+Matrix widenedAgainst(const KernelContext &ctx, Workspace &ws, Matrix m, plan::DType other) {
+  if (m.dtype != plan::BF16 || other != plan::F32)
+    return m;
+  return Matrix{asF32(ctx, ws, m), plan::F32, m.elements};
+}
+
 void fillFloats(const KernelContext &ctx, FloatOut out, int64_t n, float value) {
   if (n == 0)
     return;

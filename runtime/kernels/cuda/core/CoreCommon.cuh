@@ -162,6 +162,11 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
              int64_t n, int64_t k, float alpha, Matrix a, int64_t lda, Matrix b, int64_t ldb,
              float beta, void *c, plan::DType cType);
 
+/// `m` widened to f32 in scratch when it is bf16 and will meet an operand of type `other` = f32
+/// (gemmAny would widen it again on every such call); else `m` itself. A kernel that reads one
+/// bf16 operand in several mixed products (the adapter's backward) converts it once.
+Matrix widenedAgainst(const KernelContext &ctx, Workspace &ws, Matrix m, plan::DType other);
+
 //===----------------------------------------------------------------------===//
 // Device reductions
 //===----------------------------------------------------------------------===//
