@@ -1,7 +1,7 @@
 //===- Norms.cu - rms_norm and layer_norm, forward and backward -----------===//
 //
-// One thread block per normalised group (rms_norm) or row (layer_norm);
-// statistics reduced over the block in f32 in a fixed order. x̂ is rounded to
+// One thread block per normalised group (rms_norm; a warp per group for groups of
+// at most 256 features) or row (layer_norm); statistics reduced in f32 in a fixed order. x̂ is rounded to
 // f32 before the weight multiplies it, as on the CPU. Weight and bias
 // gradients are column sums over the rows (columnSums: two passes, no atomics).
 //
@@ -89,6 +89,69 @@ __global__ void rmsNormBackwardKernel(FloatIn x, FloatIn w, FloatIn dy, FloatOut
   }
 }
 
+// Small groups (per-head q/k norms: 128 features, hundreds of thousands of groups) get a warp
+// each, eight groups a block: a block per group left most of its threads idle and paid two block
+// synchronisations per 128 elements.
+constexpr int64_t kWarpGroupLimit = 256;
+constexpr int kGroupsPerBlock = 8;
+
+__device__ __forceinline__ float warpSum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+/// rmsNormKernel with a warp per group. Grid: ceil(groups / kGroupsPerBlock) blocks of
+/// 32 kGroupsPerBlock threads.
+__global__ void rmsNormWarpKernel(FloatIn x, FloatIn w, FloatOut y, int64_t groups, int64_t n, float eps,
+                                  bool unitOffset) {
+  int64_t g = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / 32;
+  if (g >= groups)
+    return; // a whole warp: the shuffles below stay within live warps
+  int lane = threadIdx.x % 32;
+  int64_t base = g * n;
+  float squares = 0.0f;
+  for (int64_t j = lane; j < n; j += 32) {
+    float v = x[base + j];
+    squares += v * v;
+  }
+  float r = 1.0f / sqrtf(warpSum(squares) / static_cast<float>(n) + eps);
+  for (int64_t j = lane; j < n; j += 32)
+    y.set(base + j, normScale(w, j, unitOffset) * (x[base + j] * r));
+}
+
+/// rmsNormBackwardKernel with a warp per group (same grid as rmsNormWarpKernel).
+__global__ void rmsNormBackwardWarpKernel(FloatIn x, FloatIn w, FloatIn dy, FloatOut dx, float *rinv,
+                                          int64_t groups, int64_t n, float eps, bool unitOffset) {
+  int64_t g = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / 32;
+  if (g >= groups)
+    return;
+  int lane = threadIdx.x % 32;
+  int64_t base = g * n;
+  float squares = 0.0f;
+  for (int64_t j = lane; j < n; j += 32) {
+    float v = x[base + j];
+    squares += v * v;
+  }
+  float r = 1.0f / sqrtf(warpSum(squares) / static_cast<float>(n) + eps);
+  if (rinv && lane == 0)
+    rinv[g] = r;
+  if (!dx.p)
+    return;
+  float dot = 0.0f;
+  for (int64_t j = lane; j < n; j += 32)
+    dot += dy[base + j] * normScale(w, j, unitOffset) * (x[base + j] * r);
+  float mean = warpSum(dot) / static_cast<float>(n);
+  for (int64_t j = lane; j < n; j += 32) {
+    float xhat = x[base + j] * r;
+    dx.set(base + j, r * (dy[base + j] * normScale(w, j, unitOffset) - xhat * mean));
+  }
+}
+
+unsigned warpGroupBlocks(const KernelContext &ctx, int64_t groups) {
+  return blockCount(ctx, (groups + kGroupsPerBlock - 1) / kGroupsPerBlock);
+}
+
 /// dw[j] = Σ_g dy[g, j] x̂[g, j].
 struct RmsWeightGrad {
   FloatIn x, dy;
@@ -106,8 +169,12 @@ void rmsNorm(KernelContext &ctx) {
   FloatOut y = floatOut(ctx, result, "result");
   if (a.groups == 0)
     return;
-  rmsNormKernel<<<blockCount(ctx, a.groups), rowThreads(a.groupSize), 0, streamOf(ctx)>>>(
-      a.x, a.w, y, a.groupSize, a.eps, a.unitOffset);
+  if (a.groupSize <= kWarpGroupLimit)
+    rmsNormWarpKernel<<<warpGroupBlocks(ctx, a.groups), 32 * kGroupsPerBlock, 0, streamOf(ctx)>>>(
+        a.x, a.w, y, a.groups, a.groupSize, a.eps, a.unitOffset);
+  else
+    rmsNormKernel<<<blockCount(ctx, a.groups), rowThreads(a.groupSize), 0, streamOf(ctx)>>>(
+        a.x, a.w, y, a.groupSize, a.eps, a.unitOffset);
   checkLaunch(ctx, "rms_norm");
 }
 
@@ -123,9 +190,13 @@ void rmsNormBackward(KernelContext &ctx) {
   Workspace ws(ctx);
   float *rinv = dwRef ? ws.alloc<float>(a.groups) : nullptr;
   if (a.groups > 0) {
-    rmsNormBackwardKernel<<<blockCount(ctx, a.groups), rowThreads(a.groupSize), 0,
-                            streamOf(ctx)>>>(a.x, a.w, dy, dx, rinv, a.groupSize, a.eps,
-                                             a.unitOffset);
+    if (a.groupSize <= kWarpGroupLimit)
+      rmsNormBackwardWarpKernel<<<warpGroupBlocks(ctx, a.groups), 32 * kGroupsPerBlock, 0, streamOf(ctx)>>>(
+          a.x, a.w, dy, dx, rinv, a.groups, a.groupSize, a.eps, a.unitOffset);
+    else
+      rmsNormBackwardKernel<<<blockCount(ctx, a.groups), rowThreads(a.groupSize), 0,
+                              streamOf(ctx)>>>(a.x, a.w, dy, dx, rinv, a.groupSize, a.eps,
+                                               a.unitOffset);
     checkLaunch(ctx, "rms_norm.backward");
   }
   if (dwRef)

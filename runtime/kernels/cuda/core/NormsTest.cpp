@@ -47,6 +47,10 @@ const std::vector<RmsCase> kRmsCases = {
     {{301, 64}, 16, true},
     {{7, 3000}, 3000, true},
     {{1000, 48}, 48, false},
+    // A warp per group up to 256 features (per-head q/k norms), a block per group above.
+    {{64, 16 * 128}, 128, false},
+    {{9, 2 * 256}, 256, true},
+    {{5, 257}, 257, false},
 };
 
 std::string name(const RmsCase &c) {
