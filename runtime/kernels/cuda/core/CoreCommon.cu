@@ -96,13 +96,43 @@ const void *asF32(const KernelContext &ctx, Workspace &ws, const Matrix &m) {
   return wide;
 }
 
-} // namespace
-
-Matrix widenedAgainst(const KernelContext &ctx, Workspace &ws, Matrix m, plan::DType other) {
-  if (m.dtype != plan::BF16 || other != plan::F32)
-    return m;
-  return Matrix{asF32(ctx, ws, m), plan::F32, m.elements};
+/// f32 values as three bf16 planes hi + mid + lo (planes[p n + i]): each plane takes the next 8
+/// significant bits of what the previous left, so their sum is the value to its last bits (24 =
+/// 3 x 8) and a product with a bf16 operand is three exact bf16 products summed in f32.
+__global__ void splitKernel(const float *in, __nv_bfloat16 *planes, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = in[i];
+    __nv_bfloat16 hi = __float2bfloat16(v);
+    float rest = isfinite(v) ? v - __bfloat162float(hi) : 0.0f; // inf / nan: the top plane alone
+    __nv_bfloat16 mid = __float2bfloat16(rest);
+    rest -= __bfloat162float(mid);
+    planes[i] = hi;
+    planes[n + i] = mid;
+    planes[2 * n + i] = __float2bfloat16(rest);
+  }
 }
+
+/// C = alpha op(A) op(B) + beta C (f32 C) where one of A, B is bf16 and the other f32 and small:
+/// the f32 one split into bf16 planes, three tensor-core products accumulated smallest plane
+/// first, instead of widening the large bf16 operand and an f32 product without tensor cores.
+void splitProducts(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m, int64_t n,
+                   int64_t k, float alpha, const Matrix &a, int64_t lda, const Matrix &b, int64_t ldb, float beta,
+                   float *c) {
+  bool splitA = a.dtype == plan::F32;
+  const Matrix &wide = splitA ? a : b;
+  auto *planes = ws.alloc<__nv_bfloat16>(3 * wide.elements);
+  splitKernel<<<gridFor(wide.elements), kThreads, 0, streamOf(ctx)>>>(static_cast<const float *>(wide.p), planes,
+                                                                      wide.elements);
+  checkLaunch(ctx, "split into bf16 planes");
+  for (int plane = 2; plane >= 0; --plane) {
+    const void *part = planes + plane * wide.elements;
+    gemm(ctx, transA, transB, m, n, k, alpha, splitA ? part : a.p, lda, splitA ? b.p : part, ldb, plan::BF16,
+         plane == 2 ? beta : 1.0f, c, n, plan::F32);
+  }
+}
+
+} // namespace
 
 void fillFloats(const KernelContext &ctx, FloatOut out, int64_t n, float value) {
   if (n == 0)
@@ -126,7 +156,18 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
   }
   const void *pa = a.p, *pb = b.p;
   plan::DType abType = a.dtype;
-  if (a.dtype != b.dtype) { // one of each (an f32 adapter on bf16 data): exact f32, as PEFT
+  if (a.dtype != b.dtype) { // one of each (an f32 adapter on bf16 data): f32 precision, as PEFT
+    const Matrix &f32Side = a.dtype == plan::F32 ? a : b, &bf16Side = a.dtype == plan::F32 ? b : a;
+    if (f32Side.elements <= bf16Side.elements) {
+      // The small f32 side in bf16 planes: no f32 copy of the large side, tensor cores.
+      float *out = cBf16 ? ws.alloc<float>(m * n) : static_cast<float *>(c);
+      if (cBf16 && beta != 0.0f)
+        convert(ctx, FloatIn{c, true}, FloatOut{out, false}, m * n);
+      splitProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, out);
+      if (cBf16)
+        convert(ctx, FloatIn{out, false}, FloatOut{c, true}, m * n);
+      return;
+    }
     pa = asF32(ctx, ws, a);
     pb = asF32(ctx, ws, b);
     abType = plan::F32;

@@ -154,18 +154,16 @@ struct Matrix {
 };
 
 /// C[m,n] (row-major, ldc = n) = alpha op(A) op(B) + beta C through cuda::gemm for
-/// any F32/BF16 mix: when A and B differ the bf16 one is widened to f32 in
-/// scratch (exact f32 products, as PEFT computes an f32 adapter on bf16 data:
-/// TF32 there moved kimi_linear's bf16 LoRA gradients past 2e-2 on 60 of 132
-/// tensors); when the product is f32 and C bf16 it goes through an f32 copy of C.
+/// any F32/BF16 mix. When A and B differ the product keeps f32 precision, as PEFT
+/// computes an f32 adapter on bf16 data (TF32 there moved kimi_linear's bf16 LoRA
+/// gradients past 2e-2 on 60 of 132 tensors): the f32 operand, when it is the
+/// smaller, is split into three bf16 planes (hi + mid + lo: its value to the last
+/// bits) and multiplied on the tensor cores, three products summed in f32; else the
+/// bf16 one is widened to f32 in scratch. When the product is f32 and C bf16 it goes
+/// through an f32 copy of C.
 void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m,
              int64_t n, int64_t k, float alpha, Matrix a, int64_t lda, Matrix b, int64_t ldb,
              float beta, void *c, plan::DType cType);
-
-/// `m` widened to f32 in scratch when it is bf16 and will meet an operand of type `other` = f32
-/// (gemmAny would widen it again on every such call); else `m` itself. A kernel that reads one
-/// bf16 operand in several mixed products (the adapter's backward) converts it once.
-Matrix widenedAgainst(const KernelContext &ctx, Workspace &ws, Matrix m, plan::DType other);
 
 //===----------------------------------------------------------------------===//
 // Device reductions

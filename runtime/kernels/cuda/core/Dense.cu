@@ -133,12 +133,13 @@ struct LoraArgs {
     return p.dtype == plan::BF16 && q.dtype == plan::BF16 ? plan::BF16 : plan::F32;
   }
 
-  /// h = x Aᵀ [rows, r] in scratch; `input` is x or its f32 copy.
-  Matrix down(const KernelContext &ctx, Workspace &ws, Matrix input) const {
+  /// h = x Aᵀ [rows, r] in scratch.
+  Matrix down(const KernelContext &ctx, Workspace &ws) const {
     plan::DType type = productType(*x, *a);
     void *h = ws.bytes(static_cast<size_t>(std::max<int64_t>(rows * rank, 1)) *
                        (type == plan::BF16 ? 2 : 4));
-    gemmAny(ctx, ws, false, true, rows, rank, in, 1.0f, input, in, matrixOf(*a), in, 0.0f, h, type);
+    gemmAny(ctx, ws, false, true, rows, rank, in, 1.0f, matrixOf(*x), in, matrixOf(*a), in, 0.0f,
+            h, type);
     return Matrix{h, type, rows * rank};
   }
 };
@@ -151,7 +152,7 @@ void lora(KernelContext &ctx) {
   if (l.rows == 0 || l.out == 0)
     return;
   Workspace ws(ctx);
-  Matrix h = l.down(ctx, ws, matrixOf(*l.x));
+  Matrix h = l.down(ctx, ws);
   gemmAny(ctx, ws, false, true, l.rows, l.out, l.rank, l.scale, h, l.rank, matrixOf(*l.b), l.rank,
           0.0f, result.data, result.dtype);
 }
@@ -161,21 +162,19 @@ void loraBackward(KernelContext &ctx) {
   LoraArgs l(ctx, launch.numOperands());
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = l.out;
+  Matrix dy = matrixOf(launch.resultGrad0(shape));
   const TensorRef *dx = launch.operandGrad(0), *da = launch.operandGrad(1),
                   *db = launch.operandGrad(2);
   Workspace ws(ctx);
-  // An f32 adapter on bf16 data: dy meets B (and h) twice, x meets A twice; each is widened once.
-  Matrix dy = widenedAgainst(ctx, ws, matrixOf(launch.resultGrad0(shape)), l.b->dtype);
-  Matrix x = widenedAgainst(ctx, ws, matrixOf(*l.x), l.a->dtype);
   if (db) { // dB = scale dyᵀ h
-    Matrix h = l.down(ctx, ws, x);
+    Matrix h = l.down(ctx, ws);
     gemmAny(ctx, ws, true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h, l.rank, 0.0f,
             db->data, db->dtype);
   }
   if (!dx && !da)
     return;
   // dh = scale dy B [rows, r]; dx = dh A; dA = dhᵀ x.
-  plan::DType dhType = LoraArgs::productType(launch.resultGrad0(shape), *l.b); // as before widening
+  plan::DType dhType = LoraArgs::productType(launch.resultGrad0(shape), *l.b);
   void *dhData = ws.bytes(static_cast<size_t>(std::max<int64_t>(l.rows * l.rank, 1)) *
                           (dhType == plan::BF16 ? 2 : 4));
   gemmAny(ctx, ws, false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, matrixOf(*l.b), l.rank,
@@ -185,8 +184,8 @@ void loraBackward(KernelContext &ctx) {
     gemmAny(ctx, ws, false, false, l.rows, l.in, l.rank, 1.0f, dh, l.rank, matrixOf(*l.a), l.in,
             0.0f, dx->data, dx->dtype);
   if (da)
-    gemmAny(ctx, ws, true, false, l.rank, l.in, l.rows, 1.0f, dh, l.rank, x, l.in, 0.0f, da->data,
-            da->dtype);
+    gemmAny(ctx, ws, true, false, l.rank, l.in, l.rows, 1.0f, dh, l.rank, matrixOf(*l.x), l.in,
+            0.0f, da->data, da->dtype);
 }
 
 } // namespace

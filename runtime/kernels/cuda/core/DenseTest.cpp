@@ -188,5 +188,24 @@ TEST(CudaLora, BackwardMixedStorageTypes) {
   }
 }
 
+// The adapter's gradients keep f32 precision on bf16 data (PEFT computes them in f32; TF32
+// products would be ~1e-3 off): the f32 operand goes through bf16 planes that sum to it.
+TEST(CudaLora, BackwardMixedStorageTypesKeepF32Precision) {
+  SKIP_WITHOUT_GPU();
+  for (const LoraCase &c : kLoraCases) {
+    CudaCompareOptions f32Adapter;
+    f32Adapter.f32Inputs = {1, 2};
+    f32Adapter.f32Outputs = {0, 1};
+    f32Adapter.tolerance = 1e-5;
+    expectMatchesCpuIn(
+        plan::BF16,
+        [&] {
+          KernelCall forward = loraCall(c.rows, c.in, c.rank, c.out, c.scale, 4);
+          return backwardOf(forward, {1, 2}, {{0, randomTensor({c.rows, c.out}, 62)}});
+        },
+        name(c) + " backward, f32 adapter gradients at 1e-5", f32Adapter);
+  }
+}
+
 } // namespace
 } // namespace moec::runtime::cuda::core::testing
