@@ -79,3 +79,13 @@
 // RUN: not moec compile %root/models/qwen3-30b-a3b/config.json --mesh ep=2 --ep-exchange some 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=BADEXCHANGE
 // BADEXCHANGE: --ep-exchange must be auto, routed or all, got 'some'
+
+// Over 8 ranks (16 experts each) a token has an expert on a given other rank with probability
+// 1 - C(112,8)/C(128,8) = 0.6674 only: auto keeps the routed exchange. The route sends each
+// token's 8 experts (32 bytes) to the 7 other ranks in that share: 4096 x 32 x 7 x 0.6674 =
+// 612,360 bytes a layer, x 48 = 29,393,280.
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --mesh ep=8 --emit=report \
+// RUN:   | FileCheck %s --check-prefix=EP8
+// EP8: expert_route     ep       forward       48     29,393,280  each token's experts to the ranks that hold them
+// EP8: the 128 experts of @gqa_moe split over ep = 8 (16 per rank): expert_return x144, expert_route x48, expert_send x144
