@@ -156,32 +156,33 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
   }
   const void *pa = a.p, *pb = b.p;
   plan::DType abType = a.dtype;
-  if (a.dtype != b.dtype) { // one of each (an f32 adapter on bf16 data): f32 precision, as PEFT
+  // One of each (an f32 adapter on bf16 data): f32 precision, as PEFT. The f32 side, when it is
+  // the smaller, goes through bf16 planes (no f32 copy of the large side, tensor cores); else
+  // the bf16 side is widened.
+  bool split = false;
+  if (a.dtype != b.dtype) {
     const Matrix &f32Side = a.dtype == plan::F32 ? a : b, &bf16Side = a.dtype == plan::F32 ? b : a;
-    if (f32Side.elements <= bf16Side.elements) {
-      // The small f32 side in bf16 planes: no f32 copy of the large side, tensor cores.
-      float *out = cBf16 ? ws.alloc<float>(m * n) : static_cast<float *>(c);
-      if (cBf16 && beta != 0.0f)
-        convert(ctx, FloatIn{c, true}, FloatOut{out, false}, m * n);
-      splitProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, out);
-      if (cBf16)
-        convert(ctx, FloatIn{out, false}, FloatOut{c, true}, m * n);
-      return;
+    split = f32Side.elements <= bf16Side.elements;
+    if (!split) {
+      pa = asF32(ctx, ws, a);
+      pb = asF32(ctx, ws, b);
+      abType = plan::F32;
     }
-    pa = asF32(ctx, ws, a);
-    pb = asF32(ctx, ws, b);
-    abType = plan::F32;
   }
-  if (cType == plan::F32 || cType == abType) {
+  if (!split && (cType == plan::F32 || cType == abType)) {
     gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType);
     return;
   }
-  // f32 product into a bf16 C: through an f32 copy.
-  float *wide = ws.alloc<float>(m * n);
-  if (beta != 0.0f)
-    convert(ctx, FloatIn{c, true}, FloatOut{wide, false}, m * n);
-  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, wide, n, plan::F32);
-  convert(ctx, FloatIn{wide, false}, FloatOut{c, true}, m * n);
+  // An f32 product into a bf16 C: through an f32 copy.
+  float *out = cBf16 ? ws.alloc<float>(m * n) : static_cast<float *>(c);
+  if (cBf16 && beta != 0.0f)
+    convert(ctx, FloatIn{c, true}, FloatOut{out, false}, m * n);
+  if (split)
+    splitProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, out);
+  else
+    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, out, n, plan::F32);
+  if (cBf16)
+    convert(ctx, FloatIn{out, false}, FloatOut{c, true}, m * n);
 }
 
 } // namespace core
