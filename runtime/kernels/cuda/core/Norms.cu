@@ -101,6 +101,16 @@ __device__ __forceinline__ float warpSum(float v) {
   return v;
 }
 
+/// inverseRms for a warp's group: every lane gets it.
+__device__ __forceinline__ float warpInverseRms(FloatIn x, int64_t base, int64_t n, float eps) {
+  float squares = 0.0f;
+  for (int64_t j = threadIdx.x % 32; j < n; j += 32) {
+    float v = x[base + j];
+    squares += v * v;
+  }
+  return 1.0f / sqrtf(warpSum(squares) / static_cast<float>(n) + eps);
+}
+
 /// rmsNormKernel with a warp per group. Grid: ceil(groups / kGroupsPerBlock) blocks of
 /// 32 kGroupsPerBlock threads.
 __global__ void rmsNormWarpKernel(FloatIn x, FloatIn w, FloatOut y, int64_t groups, int64_t n, float eps,
@@ -110,12 +120,7 @@ __global__ void rmsNormWarpKernel(FloatIn x, FloatIn w, FloatOut y, int64_t grou
     return; // a whole warp: the shuffles below stay within live warps
   int lane = threadIdx.x % 32;
   int64_t base = g * n;
-  float squares = 0.0f;
-  for (int64_t j = lane; j < n; j += 32) {
-    float v = x[base + j];
-    squares += v * v;
-  }
-  float r = 1.0f / sqrtf(warpSum(squares) / static_cast<float>(n) + eps);
+  float r = warpInverseRms(x, base, n, eps);
   for (int64_t j = lane; j < n; j += 32)
     y.set(base + j, normScale(w, j, unitOffset) * (x[base + j] * r));
 }
@@ -128,12 +133,7 @@ __global__ void rmsNormBackwardWarpKernel(FloatIn x, FloatIn w, FloatIn dy, Floa
     return;
   int lane = threadIdx.x % 32;
   int64_t base = g * n;
-  float squares = 0.0f;
-  for (int64_t j = lane; j < n; j += 32) {
-    float v = x[base + j];
-    squares += v * v;
-  }
-  float r = 1.0f / sqrtf(warpSum(squares) / static_cast<float>(n) + eps);
+  float r = warpInverseRms(x, base, n, eps);
   if (rinv && lane == 0)
     rinv[g] = r;
   if (!dx.p)
