@@ -56,8 +56,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     gate by rows, down by columns of each expert): `moe.tp_enter` on the
     dispatched tokens, `moe.tp_exit` on the partial output before
     `moe.combine` (on bf16 data the partial outputs are f32 and the exit
-    rounds their sum once, where one GPU's expert MLP rounds its output). Everything else (MLA, DSA, linear attention, dense MLPs,
-    shared experts) stays whole: every tp rank computes it; an attention or
+    rounds their sum once, where one GPU's expert MLP rounds its output).
+    Everything else (MLA, DSA, linear attention, dense MLPs, shared
+    experts) stays whole: every tp rank computes it; an attention or
     expert MLP that cannot split is named in a warning, and a model with
     nothing to split fails.
 

@@ -747,6 +747,9 @@ private:
     if (!exchange && !pointToPoint && collective.inputs_size() != collective.outputs_size())
       problems.add(at, "collective has ", collective.inputs_size(), " inputs and ", collective.outputs_size(),
                    " outputs, expected as many outputs as inputs (inputs[i] -> outputs[i])");
+    if (collective.all_tokens() && collective.kind() != Collective::EXPERT_ROUTE)
+      problems.add(at, "all_tokens is set on a ", collectiveKindName(collective.kind()),
+                   "; only an expert_route decides that every token goes to every rank");
     std::vector<const Buffer *> inputs, outputs;
     for (int i = 0; i < collective.inputs_size(); ++i)
       inputs.push_back(checkUse(s, at, "collective.inputs", i, collective.inputs(i), /*writes=*/false));

@@ -332,6 +332,19 @@ TEST_F(PlanValidatorTest, RejectsAnExpertRouteWithoutRoomForEveryRanksTokens) {
                                          "[10,2], expected [T, W] and [2 T, W] (group size 2)"));
 }
 
+TEST_F(PlanValidatorTest, AcceptsAnAllTokensRouteAndRejectsAllTokensElsewhere) {
+  makeExpertRoute(plan, {12, 2});
+  plan::Step *route = nullptr, *other = nullptr;
+  for (plan::Step &step : *plan.mutable_ranks(0)->mutable_steps())
+    if (step.has_collective())
+      (step.collective().kind() == plan::Collective::EXPERT_ROUTE ? route : other) = &step;
+  ASSERT_TRUE(route && other) << "the fixture has a route and another collective";
+  route->mutable_collective()->set_all_tokens(true);
+  EXPECT_EQ(messageOf(plan), "OK");
+  other->mutable_collective()->set_all_tokens(true);
+  EXPECT_THAT(messageOf(plan), HasSubstr("all_tokens is set on a "));
+}
+
 TEST_F(PlanValidatorTest, RejectsAnExpertRouteWhoseExpertsDoNotSplitOverTheGroup) {
   makeExpertRoute(plan, {12, 2}, 3);
   EXPECT_THAT(messageOf(plan), HasSubstr("expert_route: num_experts is 3, expected a positive multiple of the group "

@@ -37,8 +37,8 @@
 
 // How tokens travel (ep-exchange): the default (auto) routes here, since with top-2 of 4
 // experts over 2 ranks a token has no expert on a given rank with probability
-// C(2,2)/C(4,2) = 1/6 (auto sends every token only below 0.1). `all` marks the route: every
-// token to every rank.
+// C(2,2)/C(4,2) = 1/6 (auto sends every token only when that is below 0.1). `all` marks the
+// route: every token to every rank.
 // ALL: moe.ep_route %{{.*}} {all_tokens, axis = "ep", num_experts = 4 : i64, ranks = 2 : i64}
 // ROUTED: moe.ep_route %{{.*}} {axis = "ep", num_experts = 4 : i64, ranks = 2 : i64}
 // BADEXCHANGE: ep-exchange must be auto, routed or all, got 'some'

@@ -224,7 +224,6 @@ std::string BlockCopier::sumRows(void *dst, const void *src, const std::vector<i
   return "";
 }
 
-
 std::string BlockCopier::localExperts(void *indices, size_t count, bool i64, int64_t first, int64_t perRank) {
   if (count == 0)
     return "";

@@ -349,7 +349,7 @@ void addBias(const KernelContext &ctx, const Experts &m, float *y, int64_t width
 
 /// What the activation kernels need.
 struct ActParams {
-  int64_t rows = 0, inter = 0, upOut = 0;
+  int64_t inter = 0, upOut = 0;
   // offsets[experts]: the counted rows (an expert-parallel rank's buffers have room for more;
   // the work past them would be wasted).
   const int64_t *offsets = nullptr;
@@ -361,7 +361,6 @@ struct ActParams {
 
 ActParams actParams(const Experts &m, const int64_t *offsets) {
   ActParams a;
-  a.rows = m.rows;
   a.offsets = offsets;
   a.experts = m.experts;
   a.inter = m.inter;
