@@ -8,8 +8,13 @@ nvcc is not a Bazel toolchain and cannot see the include paths of `deps`; a smal
 them (and the cudart headers') to an nvcc options file and hands over their headers as inputs.
 """
 
+NVCC_FLAGS = "-O3 -std=c++17 -Xcompiler -fPIC"
+
 # Hopper (H200) only; add -gencode pairs here when another GPU generation must run the code.
-NVCC_FLAGS = "-O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Xcompiler -fPIC"
+SM90 = "-gencode=arch=compute_90,code=sm_90"
+
+# Hopper with its architecture-specific instructions (wgmma, setmaxnreg): runs on sm_90 GPUs only.
+SM90A = "-gencode=arch=compute_90a,code=sm_90a"
 
 _CUDA_DEPS = ["@cuda//:cudart_static", "@cuda//:headers"]
 
@@ -37,7 +42,7 @@ _nvcc_includes = rule(
     },
 )
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], gencode = SM90, **kwargs):
     """Compiles the .cu files of `srcs` with nvcc; other srcs are private headers.
 
     Args:
@@ -46,6 +51,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
       hdrs: public headers, included as "path/from/workspace/root.h" (nvcc gets `-I .`).
       deps: cc_library targets whose headers the .cu files include; also linked.
       copts: extra nvcc flags, appended after NVCC_FLAGS.
+      gencode: the GPU target (SM90, or SM90A for wgmma).
       **kwargs: passed to the cc_library (visibility, tags, testonly, ...).
     """
     cu_srcs = [s for s in srcs if s.endswith(".cu")]
@@ -70,6 +76,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
             cmd = " ".join([
                 "$(location @cuda//:nvcc)",
                 NVCC_FLAGS,
+                gencode,
                 "-I . -I $(GENDIR)",
                 "--options-file $(location :%s_nvcc_includes)" % name,
             ] + copts + ["-c $(location %s) -o $@" % src]),
