@@ -63,7 +63,11 @@ std::vector<Case> cases() {
           randomCase(100, 6, 130, 64, 4),
           randomCase(257, 4, 33, 64, 5),
           randomCase(1000, 8, 33, 256, 6),
-          randomCase(37, 8, 300, 256, 7)};
+          randomCase(37, 8, 300, 256, 7),
+          // Features a multiple of 8: rows move eight values at a time.
+          randomCase(100, 6, 64, 64, 11),
+          localCase(randomCase(257, 8, 128, 64, 12), 2, 1),
+          randomCase(37, 8, 2048, 128, 13)};
 }
 
 KernelCall dispatchCall(const Case &c, uint64_t seed, plan::DType indexType = plan::I32) {

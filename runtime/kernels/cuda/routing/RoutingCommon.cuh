@@ -21,6 +21,7 @@
 #define RUNTIME_KERNELS_CUDA_ROUTING_ROUTINGCOMMON_CUH_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +46,55 @@ struct FloatIn {
                 : static_cast<const float *>(p)[i];
   }
 };
+
+/// Eight consecutive values of a float tensor, moved in 16-byte pieces (load8 / store8 at an
+/// index that is a multiple of 8 of a 16-byte aligned tensor: see eightAtATime).
+struct Floats8 {
+  float v[8];
+};
+
+__device__ __forceinline__ Floats8 load8(const void *p, bool bf16, int64_t i) {
+  Floats8 f;
+  if (bf16) {
+    uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(p) + i);
+    const auto *h = reinterpret_cast<const __nv_bfloat16 *>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      f.v[k] = __bfloat162float(h[k]);
+  } else {
+    const auto *q = reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i);
+    float4 a = q[0], b = q[1];
+    f.v[0] = a.x, f.v[1] = a.y, f.v[2] = a.z, f.v[3] = a.w;
+    f.v[4] = b.x, f.v[5] = b.y, f.v[6] = b.z, f.v[7] = b.w;
+  }
+  return f;
+}
+
+__device__ __forceinline__ void store8(void *p, bool bf16, int64_t i, const Floats8 &f) {
+  if (bf16) {
+    uint4 raw;
+    auto *h = reinterpret_cast<__nv_bfloat16 *>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      h[k] = __float2bfloat16(f.v[k]);
+    *reinterpret_cast<uint4 *>(static_cast<__nv_bfloat16 *>(p) + i) = raw;
+  } else {
+    auto *q = reinterpret_cast<float4 *>(static_cast<float *>(p) + i);
+    q[0] = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
+    q[1] = make_float4(f.v[4], f.v[5], f.v[6], f.v[7]);
+  }
+}
+
+/// Whether rows of `features` values at these tensors can move eight at a time (every row starts
+/// on a 16-byte boundary).
+inline bool eightAtATime(int64_t features, std::initializer_list<const void *> tensors) {
+  if (features % 8 != 0)
+    return false;
+  for (const void *t : tensors)
+    if (t && reinterpret_cast<uintptr_t>(t) % 16 != 0)
+      return false;
+  return true;
+}
 
 /// A float tensor to write (and read back): f32 or bf16 storage.
 struct FloatOut {
