@@ -96,40 +96,74 @@ const void *asF32(const KernelContext &ctx, Workspace &ws, const Matrix &m) {
   return wide;
 }
 
-/// f32 values as three bf16 planes hi + mid + lo (planes[p n + i]): each plane takes the next 8
-/// significant bits of what the previous left, so their sum is the value to its last bits (24 =
-/// 3 x 8) and a product with a bf16 operand is three exact bf16 products summed in f32.
-__global__ void splitKernel(const float *in, __nv_bfloat16 *planes, int64_t n) {
+/// An f32 matrix [rows, cols] (row stride ld) as three bf16 planes hi + mid + lo: each takes the
+/// next 8 significant bits of what the previous left, so their sum is the value to its last bits
+/// (24 = 3 x 8) and a product with a bf16 operand is three exact bf16 products summed in f32.
+/// The planes stack along the rows ([3 rows, cols], plane p at row p rows) or along the columns
+/// ([rows, 3 cols], plane p at column p cols): the dimension that is not the product's k, so one
+/// product reads the bf16 operand once and gives the three parts side by side.
+__global__ void splitKernel(const float *in, int64_t rows, int64_t cols, int64_t ld, bool stackRows,
+                            __nv_bfloat16 *planes) {
+  int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = in[i];
-    __nv_bfloat16 hi = __float2bfloat16(v);
-    float rest = isfinite(v) ? v - __bfloat162float(hi) : 0.0f; // inf / nan: the top plane alone
-    __nv_bfloat16 mid = __float2bfloat16(rest);
-    rest -= __bfloat162float(mid);
-    planes[i] = hi;
-    planes[n + i] = mid;
-    planes[2 * n + i] = __float2bfloat16(rest);
+    int64_t r = i / cols, c = i % cols;
+    float v = in[r * ld + c];
+    __nv_bfloat16 part[3];
+    part[0] = __float2bfloat16(v);
+    float rest = isfinite(v) ? v - __bfloat162float(part[0]) : 0.0f; // inf / nan: the top plane alone
+    part[1] = __float2bfloat16(rest);
+    part[2] = __float2bfloat16(rest - __bfloat162float(part[1]));
+    for (int p = 0; p < 3; ++p)
+      planes[stackRows ? (p * rows + r) * cols + c : r * 3 * cols + p * cols + c] = part[p];
   }
 }
 
-/// C = alpha op(A) op(B) + beta C (f32 C) where one of A, B is bf16 and the other f32 and small:
-/// the f32 one split into bf16 planes, three tensor-core products accumulated smallest plane
-/// first, instead of widening the large bf16 operand and an f32 product without tensor cores.
-void splitProducts(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m, int64_t n,
-                   int64_t k, float alpha, const Matrix &a, int64_t lda, const Matrix &b, int64_t ldb, float beta,
-                   float *c) {
-  bool splitA = a.dtype == plan::F32;
-  const Matrix &wide = splitA ? a : b;
-  auto *planes = ws.alloc<__nv_bfloat16>(3 * wide.elements);
-  splitKernel<<<gridFor(wide.elements), kThreads, 0, streamOf(ctx)>>>(static_cast<const float *>(wide.p), planes,
-                                                                      wide.elements);
-  checkLaunch(ctx, "split into bf16 planes");
-  for (int plane = 2; plane >= 0; --plane) {
-    const void *part = planes + plane * wide.elements;
-    gemm(ctx, transA, transB, m, n, k, alpha, splitA ? part : a.p, lda, splitA ? b.p : part, ldb, plan::BF16,
-         plane == 2 ? beta : 1.0f, c, n, plan::F32);
+/// C[i, j] = beta C[i, j] + ((lo + mid) + hi) from the three parts of each output: rows p m of
+/// `parts` ([3m, n]) when `partsInRows`, else columns p n ([m, 3n]); smallest part first.
+__global__ void sumPartsKernel(const float *parts, int64_t m, int64_t n, bool partsInRows, float beta,
+                               FloatOut c) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t r = i / n, col = i % n;
+    auto part = [&](int p) {
+      return partsInRows ? parts[(p * m + r) * n + col] : parts[r * 3 * n + p * n + col];
+    };
+    float v = (part(2) + part(1)) + part(0);
+    if (beta != 0.0f)
+      v = fmaf(beta, c.get(i), v);
+    c.set(i, v);
   }
+}
+
+/// C = alpha op(A) op(B) + beta C where one of A, B is bf16 and the other f32 and small: the f32
+/// one as bf16 planes stacked along its dimension that is not k (A's m, B's n), one tensor-core
+/// product into f32 scratch, then the parts summed into C (f32 or bf16): the large bf16 operand
+/// is read once, not widened, and the product keeps f32 precision.
+void splitProducts(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m,
+                   int64_t n, int64_t k, float alpha, const Matrix &a, int64_t lda, const Matrix &b,
+                   int64_t ldb, float beta, void *c, plan::DType cType) {
+  bool splitA = a.dtype == plan::F32;
+  // The f32 operand's storage [rows, cols]; m (A) or n (B) is its rows when A is not transposed
+  // (B is), else its columns.
+  bool stackRows = splitA ? !transA : transB;
+  int64_t wide = splitA ? m : n;
+  int64_t rows = stackRows ? wide : k, cols = stackRows ? k : wide;
+  auto *planes = ws.alloc<__nv_bfloat16>(3 * rows * cols);
+  splitKernel<<<gridFor(rows * cols), kThreads, 0, streamOf(ctx)>>>(
+      static_cast<const float *>(splitA ? a.p : b.p), rows, cols, splitA ? lda : ldb, stackRows, planes);
+  checkLaunch(ctx, "split into bf16 planes");
+  int64_t ldPlanes = stackRows ? cols : 3 * cols;
+  float *parts = ws.alloc<float>(3 * m * n);
+  if (splitA) // parts [3m, n]: plane p's product in rows p m
+    gemm(ctx, transA, transB, 3 * m, n, k, alpha, planes, ldPlanes, b.p, ldb, plan::BF16, 0.0f, parts, n,
+         plan::F32);
+  else // parts [m, 3n]: plane p's product in columns p n
+    gemm(ctx, transA, transB, m, 3 * n, k, alpha, a.p, lda, planes, ldPlanes, plan::BF16, 0.0f, parts,
+         3 * n, plan::F32);
+  sumPartsKernel<<<gridFor(m * n), kThreads, 0, streamOf(ctx)>>>(parts, m, n, splitA, beta,
+                                                                 FloatOut{c, cType == plan::BF16});
+  checkLaunch(ctx, "sum of the planes' products");
 }
 
 } // namespace
@@ -169,20 +203,18 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
       abType = plan::F32;
     }
   }
-  if (!split && (cType == plan::F32 || cType == abType)) {
+  if (split)
+    return splitProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, cType);
+  if (cType == plan::F32 || cType == abType) {
     gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType);
     return;
   }
   // An f32 product into a bf16 C: through an f32 copy.
-  float *out = cBf16 ? ws.alloc<float>(m * n) : static_cast<float *>(c);
-  if (cBf16 && beta != 0.0f)
+  float *out = ws.alloc<float>(m * n);
+  if (beta != 0.0f)
     convert(ctx, FloatIn{c, true}, FloatOut{out, false}, m * n);
-  if (split)
-    splitProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, out);
-  else
-    gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, out, n, plan::F32);
-  if (cBf16)
-    convert(ctx, FloatIn{out, false}, FloatOut{c, true}, m * n);
+  gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, out, n, plan::F32);
+  convert(ctx, FloatIn{out, false}, FloatOut{c, true}, m * n);
 }
 
 } // namespace core

@@ -158,9 +158,10 @@ struct Matrix {
 /// computes an f32 adapter on bf16 data (TF32 there moved kimi_linear's bf16 LoRA
 /// gradients past 2e-2 on 60 of 132 tensors): the f32 operand, when it is the
 /// smaller, is split into three bf16 planes (hi + mid + lo: its value to the last
-/// bits) and multiplied on the tensor cores, three products summed in f32; else the
-/// bf16 one is widened to f32 in scratch. When the product is f32 and C bf16 it goes
-/// through an f32 copy of C.
+/// bits) stacked side by side, one tensor-core product gives the three parts (the
+/// bf16 operand read once) and a kernel sums them into C; else the bf16 one is
+/// widened to f32 in scratch. When that product is f32 and C bf16 it goes through an
+/// f32 copy of C.
 void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m,
              int64_t n, int64_t k, float alpha, Matrix a, int64_t lda, Matrix b, int64_t ldb,
              float beta, void *c, plan::DType cType);
