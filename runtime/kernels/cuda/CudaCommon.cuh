@@ -14,6 +14,7 @@
 #include <string>
 
 #include "runtime/kernels/Kernel.h"
+#include "runtime/plan/PlanFormat.h"
 
 namespace moec::runtime::cuda {
 
@@ -42,6 +43,19 @@ inline void checkLaunch(const KernelContext &ctx, const char *what) {
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess)
     ctx.fail(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+/// Zeroes every output of the launch (0 bits are 0 in every storage type): for the early returns
+/// of kernels registered with OutputInit::Any, whose outputs the executor does not zero.
+inline void zeroOutputs(const KernelContext &ctx) {
+  for (const TensorRef &out : ctx.outputs) {
+    if (out.numel() == 0)
+      continue;
+    cudaError_t error = cudaMemsetAsync(
+        out.data, 0, static_cast<size_t>(out.numel() * plan::dtypeSize(out.dtype)), streamOf(ctx));
+    if (error != cudaSuccess)
+      ctx.fail(std::string("zeroing an output: ") + cudaGetErrorString(error));
+  }
 }
 
 inline unsigned blocksFor(int64_t n, int threads) {

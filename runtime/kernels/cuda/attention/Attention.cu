@@ -90,7 +90,7 @@ void attentionBackward(KernelContext &ctx) {
   int64_t ldo = l.heads * l.valueDim;
   FloatIn gradOut = checkBackward(ctx, operands, {Query, Key, Value, Sinks}, l.tokens, ldo);
   if (!gradOut.p)
-    return;
+    return zeroOutputs(ctx); // no gradient flows
   FloatOut dq = gradFor(ctx, Query), dk = gradFor(ctx, Key), dv = gradFor(ctx, Value);
   FloatOut dSinks = l.sinks ? gradFor(ctx, Sinks) : FloatOut{};
   AttnParams P = paramsOf(l);
@@ -109,7 +109,8 @@ void attentionBackward(KernelContext &ctx) {
 
 void registerGqaKernels(KernelRegistry &registry) {
   registry.add("attention", attentionForward);
-  registry.add("attention.backward", attentionBackward);
+  // Every gradient element is written (the poisoned-output tests check it).
+  registry.add("attention.backward", attentionBackward, OutputInit::Any);
 }
 
 } // namespace moec::runtime::cuda::attention

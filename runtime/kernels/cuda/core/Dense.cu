@@ -191,11 +191,12 @@ void loraBackward(KernelContext &ctx) {
 } // namespace
 
 void registerDenseKernels(KernelRegistry &registry) {
-  // GEMMs with beta 0 (or over the broadcast bias) write every element.
+  // GEMMs with beta 0 (or over the broadcast bias) write every element; an empty sum fills
+  // zeros (gemmAny with k = 0).
   registry.add("linear", linear, OutputInit::Any);
-  registry.add("linear.backward", linearBackward);
+  registry.add("linear.backward", linearBackward, OutputInit::Any);
   registry.add("lora", lora, OutputInit::Any);
-  registry.add("lora.backward", loraBackward);
+  registry.add("lora.backward", loraBackward, OutputInit::Any);
 }
 
 } // namespace moec::runtime::cuda::core

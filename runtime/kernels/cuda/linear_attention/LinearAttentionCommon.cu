@@ -10,8 +10,6 @@ namespace moec::runtime::cuda::linattn {
 
 namespace {
 
-size_t elementSize(const TensorRef &t) { return t.dtype == plan::BF16 ? 2 : 4; }
-
 constexpr int kThreads = 256;     // elementwise kernels
 constexpr int kWarpsPerBlock = 4; // kernels with one warp per row
 
@@ -328,17 +326,6 @@ void storeF32(const KernelContext &ctx, const float *src, const TensorRef &out) 
       checkLaunch(ctx, "f32 to bf16");
     }
   });
-}
-
-void zeroOutputs(const KernelContext &ctx) {
-  for (const TensorRef &out : ctx.outputs) {
-    if (out.numel() == 0)
-      continue;
-    cudaError_t error =
-        cudaMemsetAsync(out.data, 0, static_cast<size_t>(out.numel()) * elementSize(out), streamOf(ctx));
-    if (error != cudaSuccess)
-      ctx.fail(std::string("zeroing an output: ") + cudaGetErrorString(error));
-  }
 }
 
 void allowSharedBytes(const KernelContext &ctx, const void *kernel, size_t bytes, const char *what) {

@@ -84,8 +84,6 @@ private:
 const float *asF32(const KernelContext &ctx, Scratch &scratch, const TensorRef &t, const char *what);
 /// Writes `n = out.numel()` f32 values to `out` (f32: a device copy; bf16: rounded).
 void storeF32(const KernelContext &ctx, const float *src, const TensorRef &out);
-/// Zeroes every output of the launch (0 bits are 0.0 in f32 and bf16).
-void zeroOutputs(const KernelContext &ctx);
 /// Lets `kernel` take `bytes` of dynamic shared memory (opt-in above 48 KiB), or fails naming `what`.
 void allowSharedBytes(const KernelContext &ctx, const void *kernel, size_t bytes, const char *what);
 

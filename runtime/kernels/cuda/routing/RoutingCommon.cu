@@ -21,7 +21,7 @@ void registerRoutingKernels(KernelRegistry &registry) {
   registry.add("dispatch", routing::dispatchForward, OutputInit::Any);
   registry.add("dispatch.backward", routing::dispatchBackward, OutputInit::Any);
   registry.add("expert_mlp", routing::expertMlpForward, OutputInit::Any);
-  registry.add("expert_mlp.backward", routing::expertMlpBackward);
+  registry.add("expert_mlp.backward", routing::expertMlpBackward, OutputInit::Any);
   registry.add("combine", routing::combineForward, OutputInit::Any);
   registry.add("combine.backward", routing::combineBackward, OutputInit::Any);
 }
