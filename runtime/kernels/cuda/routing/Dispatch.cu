@@ -43,13 +43,13 @@ __global__ void dispatchKernel(FloatIn x, const int32_t *perm, IndexIn indices, 
   int64_t p = blockIdx.x, t = perm[p] / topK;
   if (indices[perm[p]] < 0)
     return;
-  if (kEight) {
+  if constexpr (kEight) {
     for (int64_t d = 8 * threadIdx.x; d < features; d += 8 * blockDim.x)
       store8(y.p, y.bf16, p * features + d, load8(x.p, x.bf16, t * features + d));
-    return;
+  } else {
+    for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
+      y.store(p * features + d, x[t * features + d]);
   }
-  for (int64_t d = threadIdx.x; d < features; d += blockDim.x)
-    y.store(p * features + d, x[t * features + d]);
 }
 
 /// dx[t] = Σ_j dy[row(t, j)], in slot order.
@@ -57,7 +57,7 @@ template <bool kEight>
 __global__ void dispatchBackwardKernel(FloatIn dy, const int32_t *rows, IndexIn indices,
                                        int64_t topK, int64_t features, FloatOut dx) {
   int64_t t = blockIdx.x;
-  if (kEight) {
+  if constexpr (kEight) {
     for (int64_t d = 8 * threadIdx.x; d < features; d += 8 * blockDim.x) {
       Floats8 sum = {};
       for (int64_t j = 0; j < topK; ++j)
@@ -69,14 +69,14 @@ __global__ void dispatchBackwardKernel(FloatIn dy, const int32_t *rows, IndexIn 
         }
       store8(dx.p, dx.bf16, t * features + d, sum);
     }
-    return;
-  }
-  for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < topK; ++j)
-      if (indices[t * topK + j] >= 0)
-        sum = __fadd_rn(sum, dy[rows[t * topK + j] * features + d]);
-    dx.store(t * features + d, sum);
+  } else {
+    for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < topK; ++j)
+        if (indices[t * topK + j] >= 0)
+          sum = __fadd_rn(sum, dy[rows[t * topK + j] * features + d]);
+      dx.store(t * features + d, sum);
+    }
   }
 }
 
@@ -86,7 +86,7 @@ template <bool kEight>
 __global__ void combineKernel(FloatIn out, const int32_t *rows, IndexIn indices, FloatIn weights,
                               int64_t topK, int64_t features, FloatOut y) {
   int64_t t = blockIdx.x;
-  if (kEight) {
+  if constexpr (kEight) {
     for (int64_t d = 8 * threadIdx.x; d < features; d += 8 * blockDim.x) {
       Floats8 sum = {};
       for (int64_t j = 0; j < topK; ++j)
@@ -99,14 +99,14 @@ __global__ void combineKernel(FloatIn out, const int32_t *rows, IndexIn indices,
         }
       store8(y.p, y.bf16, t * features + d, sum);
     }
-    return;
-  }
-  for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < topK; ++j)
-      if (indices[t * topK + j] >= 0)
-        sum = __fadd_rn(sum, __fmul_rn(weights[t * topK + j], out[rows[t * topK + j] * features + d]));
-    y.store(t * features + d, sum);
+  } else {
+    for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < topK; ++j)
+        if (indices[t * topK + j] >= 0)
+          sum = __fadd_rn(sum, __fmul_rn(weights[t * topK + j], out[rows[t * topK + j] * features + d]));
+      y.store(t * features + d, sum);
+    }
   }
 }
 
