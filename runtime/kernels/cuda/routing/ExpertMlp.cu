@@ -40,6 +40,7 @@
 #include "runtime/kernels/cuda/routing/GroupedGemm.cuh"
 #include "runtime/kernels/cuda/routing/RoutingCommon.cuh"
 #include "runtime/kernels/cuda/routing/RoutingKernels.h"
+#include "runtime/kernels/cuda/routing/Silu.cuh"
 
 namespace moec::runtime::cuda::routing {
 
@@ -264,15 +265,15 @@ unsigned gridFor(int64_t n) { return std::min<unsigned>(blocksFor(n, kThreads), 
 
 /// Zeroes rows [offsets[experts], rows) of y [rows, width]: rows past the counted ones (an
 /// expert-parallel rank's received rows are sized for every row any rank could send).
-__global__ void zeroUncountedRowsKernel(float *y, const int64_t *offsets, int64_t experts, int64_t rows,
+__global__ void zeroUncountedRowsKernel(FloatOut y, const int64_t *offsets, int64_t experts, int64_t rows,
                                         int64_t width) {
   int64_t first = offsets[experts] * width, total = rows * width;
   for (int64_t i = first + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    y[i] = 0.0f;
+    y.store(i, 0.0f);
 }
 
-void zeroUncountedRows(const KernelContext &ctx, const Experts &m, float *y, int64_t width,
+void zeroUncountedRows(const KernelContext &ctx, const Experts &m, FloatOut y, int64_t width,
                        const int64_t *offsets) {
   if (m.rows * width == 0)
     return;
@@ -295,7 +296,7 @@ __global__ void storeCountedRowsKernel(const float *y, FloatOut out, const int64
 void storeCountedRows(const KernelContext &ctx, const Experts &m, float *y, int64_t width, const int64_t *offsets,
                       void *out, plan::DType outType) {
   if (out == y)
-    return zeroUncountedRows(ctx, m, y, width, offsets);
+    return zeroUncountedRows(ctx, m, FloatOut{y, false}, width, offsets);
   if (m.rows * width == 0)
     return;
   storeCountedRowsKernel<<<gridFor(m.rows * width), kThreads, 0, streamOf(ctx)>>>(
@@ -372,21 +373,17 @@ ActParams actParams(const Experts &m, const int64_t *offsets) {
   return a;
 }
 
-__device__ __forceinline__ double sigmoidD(double v) { return 1.0 / (1.0 + exp(-v)); }
-
 /// The ungated activation f, or the gated one's f(gate).
 __device__ __forceinline__ double unary(int act, double v) {
   if (act == Silu)
-    return v * sigmoidD(v);
+    return siluD(v);
   double r = v > 0 ? v : 0.0; // relu2
   return r * r;
 }
 
 __device__ __forceinline__ double unaryGrad(int act, double v) {
-  if (act == Silu) {
-    double s = sigmoidD(v);
-    return s * (1.0 + v * (1.0 - s));
-  }
+  if (act == Silu)
+    return siluGradD(v);
   return v > 0 ? 2.0 * v : 0.0; // relu2
 }
 
@@ -517,6 +514,24 @@ void forwardActivations(const KernelContext &ctx, const Experts &m, const Operan
   }
 }
 
+/// Whether the gated SiLU runs as one grouped GEMM over x with the activation (or its gradient)
+/// in the epilogue (GroupedGemmWgmma.cu): a separate gate, [out, in] weights, no up bias, no
+/// LoRA on gate or up, bf16 operands it can copy in 16-byte chunks. Then no f32
+/// pre-activations go through memory.
+bool gluInOnePass(const Experts &m, const Operands &s) {
+  return m.gate && !m.inOut && m.act == Silu && !m.upBias && !m.upLora && !m.gateLora &&
+         groupedGluFits(m.features, s.x, m.features, s.gate, s.up, m.features,
+                        m.inter * m.features, s.type);
+}
+
+/// h [R, inter] (storage type) = silu(x W_gateᵀ) ⊙ (x W_upᵀ) in one pass (gluInOnePass).
+void gluForward(const KernelContext &ctx, const Experts &m, const Operands &s, const ExpertRows &g,
+                Forward &f) {
+  f.h = DeviceBuffer(ctx, s.type, m.rows * m.inter);
+  groupedGluGemm(ctx, g, m.inter, m.features, s.x, m.features, s.gate, s.up, m.features,
+                 m.inter * m.features, s.type, nullptr, f.h.get(), nullptr, m.inter);
+}
+
 /// Where one projection's gradients go.
 struct ProjectionGrad {
   GemmTarget *dW = nullptr, *dA = nullptr, *dB = nullptr;
@@ -579,7 +594,14 @@ void expertMlpForward(KernelContext &ctx) {
   int64_t R = m.rows, D = m.features, I = m.inter;
   ExpertRows g{offsets.as<int64_t>(), m.experts, R};
   Forward f;
-  forwardActivations(ctx, m, s, g, f);
+  if (gluInOnePass(m, s))
+    gluForward(ctx, m, s, g, f);
+  else
+    forwardActivations(ctx, m, s, g, f);
+  if (!m.downBias && !m.downLora && result.dtype == type) { // nothing added: straight into it
+    project(ctx, m, g, type, f.h.get(), I, s.down, D, 0.0f, result.data, result.dtype);
+    return zeroUncountedRows(ctx, m, floatOut(result.data, result.dtype), D, g.offsets);
+  }
 
   // y (f32): the result itself when it is f32, else scratch converted at the end.
   DeviceBuffer yScratch;
@@ -606,12 +628,12 @@ void expertMlpBackward(KernelContext &ctx) {
   auto grad = [&](Operand group) { return ops.has(group) ? byOperand[ops.input[group]] : nullptr; };
   const TensorRef *dResult = resultGrad(ctx, 0);
   if (!dResult)
-    return;
+    return zeroOutputs(ctx); // no gradient flows
   expectFloat(ctx, *dResult, "gradient of result");
   ctx.expectShape(*dResult, "gradient of result", {m.rows, m.features});
   DeviceBuffer offsets = deviceOffsets(ctx, m); // checks the counts even without rows
   if (m.rows == 0)
-    return;
+    return zeroOutputs(ctx); // the weights' gradients are empty sums
   Operands s;
   loadOperands(ctx, m, s);
   plan::DType type = s.type;
@@ -631,21 +653,15 @@ void expertMlpBackward(KernelContext &ctx) {
   ProjectionGrad downGrad{target(dDown), target(dDownA), target(dDownB)};
   const TensorRef *dUpBias = grad(UpBias), *dDownBias = grad(DownBias), *dTokens = grad(Tokens);
 
-  // dx accumulates (up, gate, LoRA paths): f32, the output itself when f32.
-  DeviceBuffer dxScratch;
-  float *dx = nullptr;
-  if (dTokens) {
-    if (dTokens->dtype == plan::F32) {
-      dx = static_cast<float *>(dTokens->data);
-    } else {
-      dxScratch = DeviceBuffer(ctx, plan::F32, R * D);
-      dx = dxScratch.as<float>();
-    }
-  }
-
-  // Recompute the forward's activations.
+  // Recompute the forward's activations: in one pass, only h and only where the down
+  // projection's weight or LoRA gradients need it (the activation's gradient is recomputed
+  // below from x, with dh).
+  bool onePass = gluInOnePass(m, s);
   Forward f;
-  forwardActivations(ctx, m, s, g, f);
+  if (!onePass)
+    forwardActivations(ctx, m, s, g, f);
+  else if (m.downLora || dDown)
+    gluForward(ctx, m, s, g, f);
   DeviceBuffer zDown;
   if (m.downLora) { // z = h A_downᵀ, as the forward computed it
     int64_t r = m.downLora.rank;
@@ -664,7 +680,10 @@ void expertMlpBackward(KernelContext &ctx) {
     biasGrad(ctx, m, floatIn(*dResult), D, *dDownBias, off);
   projectionBackward(ctx, m, g, type, s.down, m.downLora, s.downA, s.downB, downGrad, f.h.get(), dy,
                      zDown.get(), I, D, dz.get(), dh.as<float>(), 0.0f);
-  if (R * I > 0) {
+  if (onePass) { // dg, dp from x and dh, the pre-activations recomputed in the epilogue
+    groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, type, dh.as<float>(), dg.get(),
+                   dp.get(), I);
+  } else if (R * I > 0) {
     activationGradKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
         actParams(m, off), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),
         m.gate ? floatOut(dg.get(), type) : FloatOut{});
@@ -672,6 +691,21 @@ void expertMlpBackward(KernelContext &ctx) {
   }
   if (dUpBias)
     biasGrad(ctx, m, floatIn(dp.get(), type), U, *dUpBias, off);
+  // dx = dp W_up (+ dg W_gate): with no LoRA on them, one GEMM of both products straight into
+  // the tokens' gradient; else accumulated in f32 (the output itself when f32).
+  bool dxInOnePass = dTokens && onePass &&
+                     groupedGemmSum(ctx, g, D, I, dp.get(), dg.get(), I, s.up, s.gate, D, I * D,
+                                    false, type, dTokens->data, D, dTokens->dtype);
+  DeviceBuffer dxScratch;
+  float *dx = nullptr;
+  if (dTokens && !dxInOnePass) {
+    if (dTokens->dtype == plan::F32) {
+      dx = static_cast<float *>(dTokens->data);
+    } else {
+      dxScratch = DeviceBuffer(ctx, plan::F32, R * D);
+      dx = dxScratch.as<float>();
+    }
+  }
   projectionBackward(ctx, m, g, type, s.up, m.upLora, s.upA, s.upB, upGrad, s.x, dp.get(),
                      f.zUp.get(), D, U, dz.get(), dx, 0.0f);
   if (m.gate)
@@ -679,7 +713,9 @@ void expertMlpBackward(KernelContext &ctx) {
                        dg.get(), f.zGate.get(), D, I, dz.get(), dx, 1.0f);
   for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
     t->finish(ctx);
-  if (dx)
+  if (dxInOnePass)
+    zeroUncountedRows(ctx, m, floatOut(*dTokens), D, off);
+  else if (dx)
     storeCountedRows(ctx, m, dx, D, off, dTokens->data, dTokens->dtype);
 }
 

@@ -8,8 +8,9 @@
 // tiles) next to empty experts, row counts around the tile (127 / 128 / 129),
 // in / out not multiples of 8 (in = 72, out = 100: the element-wise tile
 // path) and multiples of 8 over several tiles (the cp.async path), LoRA
-// ranks that are and are not multiples of 8. Backwards request every float
-// operand's gradient, and some subsets. Invalid counts fault on the device
+// ranks that are and are not multiples of 8; the gated SiLU's one-pass path
+// (no LoRA, chunked sizes). Backwards request every float operand's gradient,
+// and some subsets. Invalid counts fault on the device
 // (death tests in a fresh process).
 //
 //===----------------------------------------------------------------------===//
@@ -389,6 +390,32 @@ TEST(CudaExpertMlp, UncountedRowsAreZeroWithLora) {
   c.x = randomBf16(c.rows() * c.features, 222);
   addLora(c, true, true, true, 223, 4);
   expectBoth(c);
+}
+
+// Gated SiLU without LoRA or biases on 16-byte-copyable bf16 operands: gate and up in one
+// grouped GEMM with the activation (forward) or its gradient (backward) in the epilogue, and
+// the tokens' gradient as one GEMM of both products (GroupedGemmWgmma.cu). Ragged rows around
+// the 128-row tile and an inter size over three column tiles; every gradient (the down
+// weights' needs h, recomputed in one pass), then the tokens' alone (no h at all).
+TEST(CudaExpertMlp, GatedSiluInOnePassRaggedRows) {
+  ExpertCase c = raggedCase("silu", true, {129, 0, 128, 127, 0, 40, 1, 300}, 136, 264, 401);
+  expectBoth(c);
+  expectBackward(c, {Tokens});
+}
+
+TEST(CudaExpertMlp, GatedSiluInOnePass128Experts) {
+  ExpertCase c = raggedCase("silu", true, routedCounts(160, 8, 128, 411), 64, 48, 412);
+  expectBoth(c);
+  expectBackward(c, {Tokens, Gate});
+}
+
+// The same path with rows past the counted ones: zero in the result and the tokens' gradient.
+TEST(CudaExpertMlp, GatedSiluInOnePassUncountedRowsAreZero) {
+  ExpertCase c = raggedCase("silu", true, {13, 0, 40, 7}, 64, 48, 421);
+  c.padding = 131;
+  c.x = randomBf16(c.rows() * c.features, 422);
+  expectBoth(c);
+  expectBackward(c, {Tokens});
 }
 
 // Launch checks on the host (no GPU needed). The counts are checked on the

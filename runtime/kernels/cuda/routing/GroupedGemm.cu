@@ -358,6 +358,32 @@ bool chunkable(const void *p, int64_t contiguous, int64_t ld, int64_t stride = 0
   return aligned16(p) && contiguous % 8 == 0 && ld % 8 == 0 && stride % 8 == 0;
 }
 
+/// Σ_e ceil(rows_e / tile) <= ceil(rows / tile) + (experts with rows), at the wgmma tile.
+int64_t wgmmaRowTiles(const ExpertRows &g) {
+  int64_t tile = wgmmaRowTile();
+  return (g.rows + tile - 1) / tile + std::min(g.experts, g.rows);
+}
+
+/// The launch parameters of the row forms.
+Params rowParams(const ExpertRows &g, int64_t n, int64_t k, float alpha, const void *x, int64_t ldx,
+                 const void *w, int64_t ldw, int64_t wStride, float beta, void *y, int64_t ldy) {
+  Params p;
+  p.a = x;
+  p.lda = ldx;
+  p.b = w;
+  p.ldb = ldw;
+  p.bStride = wStride;
+  p.c = y;
+  p.ldc = ldy;
+  p.n = n;
+  p.k = k;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.offsets = g.offsets;
+  p.experts = static_cast<int>(g.experts);
+  return p;
+}
+
 void checkTypes(const KernelContext &ctx, plan::DType abType, plan::DType cType,
                 const char *what) {
   if (abType != plan::F32 && abType != plan::BF16)
@@ -411,33 +437,59 @@ void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64
     return;
   if (g.experts > 0x7fffffff)
     ctx.fail("grouped GEMM: too many experts");
-  Params p;
-  p.a = x;
-  p.lda = ldx;
-  p.b = w;
-  p.ldb = ldw;
-  p.bStride = wStride;
-  p.c = y;
-  p.ldc = ldy;
-  p.n = n;
-  p.k = k;
-  p.alpha = alpha;
-  p.beta = beta;
-  p.offsets = g.offsets;
-  p.experts = static_cast<int>(g.experts);
+  Params p = rowParams(g, n, k, alpha, x, ldx, w, ldw, wStride, beta, y, ldy);
   int bm = abType == plan::BF16 ? kBM : kFM;
   // Σ_e ceil(rows_e / bm) <= ceil(rows / bm) + (experts with rows).
   int64_t mTiles = (g.rows + bm - 1) / bm + std::min(g.experts, g.rows);
   bool vec = chunkable(x, k, ldx) && chunkable(w, transW ? k : n, ldw, wStride);
-  if (abType == plan::BF16 && vec) { // Hopper's wgmma (GroupedGemmWgmma.cu)
-    int64_t tile = wgmmaRowTile();
-    return wgmmaGroupedGemm(ctx, p, transW, (g.rows + tile - 1) / tile + std::min(g.experts, g.rows),
-                            yType);
-  }
+  if (abType == plan::BF16 && vec) // Hopper's wgmma (GroupedGemmWgmma.cu)
+    return wgmmaGroupedGemm(ctx, p, WgmmaExtra{}, Plain, transW, wgmmaRowTiles(g), yType);
   if (transW)
     launch<RowsNT>(ctx, abType, yType, vec, mTiles, p);
   else
     launch<RowsNN>(ctx, abType, yType, vec, mTiles, p);
+}
+
+bool groupedGemmSum(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
+                    const void *x1, const void *x2, int64_t ldx, const void *w1, const void *w2,
+                    int64_t ldw, int64_t wStride, bool transW, plan::DType abType, void *y,
+                    int64_t ldy, plan::DType yType) {
+  checkTypes(ctx, abType, yType, "grouped GEMM sum");
+  int64_t wContiguous = transW ? k : n;
+  if (abType != plan::BF16 || !chunkable(x1, k, ldx) || !chunkable(x2, k, ldx) ||
+      !chunkable(w1, wContiguous, ldw, wStride) || !chunkable(w2, wContiguous, ldw, wStride) ||
+      g.experts > 0x7fffffff)
+    return false;
+  if (g.rows <= 0 || g.experts <= 0 || n <= 0)
+    return true;
+  WgmmaExtra extra;
+  extra.a2 = x2;
+  extra.b2 = w2;
+  wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x1, ldx, w1, ldw, wStride, 0.0f, y, ldy), extra,
+                   SumOfTwo, transW, wgmmaRowTiles(g), yType);
+  return true;
+}
+
+bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, const void *wUp,
+                    int64_t ldw, int64_t wStride, plan::DType abType) {
+  return abType == plan::BF16 && chunkable(x, k, ldx) && chunkable(wGate, k, ldw, wStride) &&
+         chunkable(wUp, k, ldw, wStride);
+}
+
+void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
+                    const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
+                    int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
+                    int64_t ldh) {
+  if (!groupedGluFits(k, x, ldx, wGate, wUp, ldw, wStride, abType) || g.experts > 0x7fffffff)
+    ctx.fail("internal: grouped gated SiLU GEMM on operands it does not take");
+  if (g.rows <= 0 || g.experts <= 0 || n <= 0)
+    return;
+  WgmmaExtra extra;
+  extra.b2 = wUp;
+  extra.dh = dh;
+  extra.c2 = out2;
+  wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x, ldx, wGate, ldw, wStride, 0.0f, out, ldh), extra,
+                   dh ? GluGrad : Glu, true, wgmmaRowTiles(g), abType);
 }
 
 void groupedGemmReduce(const KernelContext &ctx, const ExpertRows &g, int64_t m, int64_t n,

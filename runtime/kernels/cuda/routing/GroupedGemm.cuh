@@ -52,6 +52,30 @@ void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64
                  bool transW, plan::DType abType, float beta, void *y, int64_t ldy,
                  plan::DType yType);
 
+/// For every expert e: Y[rows_e, :n] = X1[rows_e, :k] · op(W1_e) + X2[rows_e, :k] · op(W2_e), both
+/// products in one f32 accumulator (X1, X2 share ldx; W1, W2 share ldw, wStride; op as in
+/// groupedGemm). Returns false without launching anything unless the operands are bf16 and
+/// 16-byte copyable (the wgmma kernel's conditions); the caller then runs two groupedGemm.
+bool groupedGemmSum(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
+                    const void *x1, const void *x2, int64_t ldx, const void *w1, const void *w2,
+                    int64_t ldw, int64_t wStride, bool transW, plan::DType abType, void *y,
+                    int64_t ldy, plan::DType yType);
+
+/// Whether groupedGluGemm can take these operands: bf16, 16-byte copyable.
+bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, const void *wUp,
+                    int64_t ldw, int64_t wStride, plan::DType abType);
+
+/// The gated SiLU of two projections of X [rows_e, :k] in one pass: H[rows_e, :n] =
+/// silu(X Wg_eᵀ) ⊙ (X Wu_eᵀ) (Wg_e, Wu_e [n, k], wStride apart, row stride ldw; H row stride
+/// ldh), the products in f32 and the activation in double, H in the operands' type. With dH
+/// (f32, [rows, n]): instead the gradients of the gate and up pre-activations, dG = dH ⊙ U ⊙
+/// silu'(G) into `out`, dU = dH ⊙ silu(G) into `out2` (both row stride ldh). Only rows that
+/// experts own are written. The operands must fit (groupedGluFits).
+void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
+                    const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
+                    int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
+                    int64_t ldh);
+
 /// For every expert e: C_e[:m, :n] = alpha * A[rows_e, :m]ᵀ · B[rows_e, :n] + beta * C_e, the
 /// sum over the expert's rows; C_e starts cStride elements after C_{e-1}
 /// (row stride ldc). An expert without rows gets beta * C_e.

@@ -2,7 +2,11 @@
 //
 // The row forms of GroupedGemm.cuh (Y[rows_e] = alpha X[rows_e] op(W_e) + beta
 // Y) for bf16 operands whose extents, strides and bases allow 16-byte copies;
-// GroupedGemm.cu sends them here and keeps mma.sync for everything else.
+// GroupedGemm.cu sends them here and keeps mma.sync for everything else. Three
+// more modes serve the gated SiLU expert MLP without f32 round trips through
+// memory (GroupedGemmWgmma.cuh): the sum of two products in one accumulator,
+// and gate and up projections of one X in one pass (a second B tile and
+// accumulator) with the activation, or its gradient, in the epilogue.
 //
 // CTA tile 128 x 128 x 64, two warpgroups of 64 x 128 (wgmma.m64n128k16, f32
 // accumulators in registers, both operands from shared memory), 3 stages of
@@ -17,6 +21,9 @@
 // The wgmma of a k tile completes before the barrier that lets the next copy
 // overwrite its stage, so copies run two tiles ahead of the tensor cores.
 //
+// The two-B modes hold two accumulators (128 registers a thread) and 3 stages
+// of 48 KB: one CTA a multiprocessor.
+//
 // Needs sm_90a (compiled with -gencode=arch=compute_90a,code=sm_90a).
 //
 //===----------------------------------------------------------------------===//
@@ -27,6 +34,7 @@
 
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 #include "runtime/kernels/cuda/routing/GroupedGemmTiles.cuh"
+#include "runtime/kernels/cuda/routing/Silu.cuh"
 
 namespace moec::runtime::cuda::routing {
 
@@ -34,10 +42,6 @@ namespace {
 
 constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 3;
 constexpr int kTileBytes = kBM * kBK * 2; // one operand's tile: 128 rows of 128 bytes
-constexpr int kStageBytes = 2 * kTileBytes;
-/// The stages plus slack to align the dynamic shared memory to 1024 bytes
-/// (the static shared memory of findRowTile comes first).
-constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 1024;
 
 /// A shared-memory matrix descriptor with the 128-byte swizzle.
 __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading,
@@ -85,9 +89,28 @@ __device__ __forceinline__ void wgmma128(float (&d)[64], uint64_t descA, uint64_
       : "l"(descA), "l"(descB), "r"(1), "n"(kTransB ? 1 : 0));
 }
 
-template <bool kTransB, typename CT>
-__global__ void __launch_bounds__(kGroupedThreads, 2) wgmmaGroupedKernel(GroupedParams p) {
+/// One output element of the gated modes, from its accumulators: Glu stores h in `c`; GluGrad
+/// reads dh and stores the gate's gradient in `c`, the up projection's in `c2` (like
+/// ExpertMlp.cu's activation kernels, in double).
+template <int kMode, typename CT>
+__device__ __forceinline__ void gatedElement(const GroupedParams &p, const WgmmaExtra &x,
+                                             int64_t row, int64_t col, float gate, float up) {
+  double gv = gate, u = up, silu = siluD(gv);
+  if (kMode == Glu) {
+    static_cast<CT *>(p.c)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(silu * u));
+  } else {
+    double d = x.dh[row * p.n + col];
+    static_cast<CT *>(p.c)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(d * u * siluGradD(gv)));
+    static_cast<CT *>(x.c2)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(d * silu));
+  }
+}
+
+template <bool kTransB, typename CT, int kMode>
+__global__ void __launch_bounds__(kGroupedThreads, kMode == Glu || kMode == GluGrad ? 1 : 2)
+    wgmmaGroupedKernel(GroupedParams p, WgmmaExtra x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kTwoB = kMode == Glu || kMode == GluGrad; // gate and up weights, one X
+  constexpr int kStageBytes = (kTwoB ? 3 : 2) * kTileBytes;
   extern __shared__ unsigned char smemRaw[];
   // 1024-byte aligned stages (the swizzle pattern follows the address bits).
   uint32_t rawAddress = sharedAddress(smemRaw);
@@ -101,40 +124,55 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) wgmmaGroupedKernel(Grouped
   int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
   const auto *a = static_cast<const __nv_bfloat16 *>(p.a) + rowBegin * p.lda;
   const auto *b = static_cast<const __nv_bfloat16 *>(p.b) + expert * p.bStride;
+  // SumOfTwo: the second product's X and W (same strides); two B: the up weights.
+  const auto *a2 = kMode == SumOfTwo ? static_cast<const __nv_bfloat16 *>(x.a2) + rowBegin * p.lda : a;
+  const auto *b2 = kMode != Plain ? static_cast<const __nv_bfloat16 *>(x.b2) + expert * p.bStride : b;
   int mValid = static_cast<int>(minI64(rowEnd - rowBegin, kBM));
   int nValid = static_cast<int>(minI64(p.n - n0, kBN));
-  int numK = static_cast<int>((p.k + kBK - 1) / kBK);
+  int tilesPerProduct = static_cast<int>((p.k + kBK - 1) / kBK);
+  int numK = kMode == SumOfTwo ? 2 * tilesPerProduct : tilesPerProduct;
 
-  // Copies k tile `kt` into stage `stage`: 1024 chunks of 16 bytes per operand.
-  auto loadStage = [&](int stage, int kt) {
-    unsigned char *sA = smem + stage * kStageBytes, *sB = sA + kTileBytes;
-    int64_t k0 = static_cast<int64_t>(kt) * kBK;
-    int kValid = static_cast<int>(minI64(p.k - k0, kBK));
+  // Copies one [128][64] K-major tile (rows from `src`, row stride ld) into `dst`.
+  auto loadKMajor = [&](unsigned char *dst, const __nv_bfloat16 *src, int64_t ld, int rowsValid,
+                        int64_t k0, int kValid) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       int chunk = threadIdx.x + i * kGroupedThreads;
       int r = chunk >> 3, c = chunk & 7; // row of 128 bytes, its 16-byte chunk
-      bool ok = r < mValid && c * 8 < kValid;
-      cpAsync16(sA + r * 128 + ((c ^ (r & 7)) << 4), ok ? a + r * p.lda + k0 + c * 8 : a, ok);
-      if (!kTransB) { // W_e [n][k]: row r is output column n0 + r
-        ok = r < nValid && c * 8 < kValid;
-        cpAsync16(sB + r * 128 + ((c ^ (r & 7)) << 4), ok ? b + (n0 + r) * p.ldb + k0 + c * 8 : b,
-                  ok);
-      } else { // W_e [k][n]: k row kr, 64-column block blk
-        int kr = chunk >> 4, blk = (chunk >> 3) & 1;
+      bool ok = r < rowsValid && c * 8 < kValid;
+      cpAsync16(dst + r * 128 + ((c ^ (r & 7)) << 4), ok ? src + r * ld + k0 + c * 8 : src, ok);
+    }
+  };
+  // Copies k tile `kt` into stage `stage`: 1024 chunks of 16 bytes per operand.
+  auto loadStage = [&](int stage, int kt) {
+    unsigned char *sA = smem + stage * kStageBytes, *sB = sA + kTileBytes;
+    bool second = kMode == SumOfTwo && kt >= tilesPerProduct;
+    const __nv_bfloat16 *ta = second ? a2 : a, *tb = second ? b2 : b;
+    int64_t k0 = static_cast<int64_t>(second ? kt - tilesPerProduct : kt) * kBK;
+    int kValid = static_cast<int>(minI64(p.k - k0, kBK));
+    loadKMajor(sA, ta, p.lda, mValid, k0, kValid);
+    if (!kTransB) { // W_e [n][k]: row r is output column n0 + r
+      loadKMajor(sB, tb + n0 * p.ldb, p.ldb, nValid, k0, kValid);
+      if (kTwoB)
+        loadKMajor(sB + kTileBytes, b2 + n0 * p.ldb, p.ldb, nValid, k0, kValid);
+    } else { // W_e [k][n]: k row kr, 64-column block blk
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int chunk = threadIdx.x + i * kGroupedThreads;
+        int kr = chunk >> 4, blk = (chunk >> 3) & 1, c = chunk & 7;
         int col = blk * 64 + c * 8;
-        ok = kr < kValid && col < nValid;
+        bool ok = kr < kValid && col < nValid;
         cpAsync16(sB + blk * 8192 + kr * 128 + ((c ^ (kr & 7)) << 4),
-                  ok ? b + (k0 + kr) * p.ldb + n0 + col : b, ok);
+                  ok ? tb + (k0 + kr) * p.ldb + n0 + col : tb, ok);
       }
     }
   };
 
   int warpGroup = threadIdx.x >> 7;
-  float acc[64];
+  float acc[64], acc2[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i)
-    acc[i] = 0.0f;
+    acc[i] = acc2[i] = 0.0f;
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -160,6 +198,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) wgmmaGroupedKernel(Grouped
       uint64_t descB = kTransB ? descriptor(bBase + kk * 2048, 8192, 1024)
                                : descriptor(bBase + kk * 32, 16, 1024);
       wgmma128<kTransB>(acc, descA, descB);
+      if (kTwoB)
+        wgmma128<kTransB>(acc2, descA, descriptor(bBase + kTileBytes + kk * 32, 16, 1024));
     }
     wgmmaCommit();
     wgmmaWaitAll();
@@ -175,13 +215,21 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) wgmmaGroupedKernel(Grouped
     int mLocal = warpGroup * 64 + warp * 16 + (lane >> 2) + h * 8;
     if (mLocal >= mValid)
       continue;
-    CT *row = c + (rowBegin + mLocal) * p.ldc + n0;
+    int64_t row = rowBegin + mLocal;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       int nLocal = j * 8 + 2 * (lane & 3);
       if (nLocal >= nValid)
         continue;
-      CT *out = row + nLocal;
+      if (kTwoB) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (nLocal + e < nValid)
+            gatedElement<kMode, CT>(p, x, row, n0 + nLocal + e, acc[4 * j + 2 * h + e],
+                                    acc2[4 * j + 2 * h + e]);
+        continue;
+      }
+      CT *out = c + row * p.ldc + n0 + nLocal;
       float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
       if (nLocal + 1 < nValid && reinterpret_cast<uintptr_t>(out) % (2 * sizeof(CT)) == 0) {
         if (beta != 0.0f) {
@@ -206,35 +254,52 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) wgmmaGroupedKernel(Grouped
 #endif
 }
 
-template <bool kTransB, typename CT>
-void launch(const KernelContext &ctx, dim3 grid, const GroupedParams &p) {
-  auto kernel = wgmmaGroupedKernel<kTransB, CT>;
+template <bool kTransB, typename CT, int kMode>
+void launch(const KernelContext &ctx, dim3 grid, const GroupedParams &p, const WgmmaExtra &x) {
+  auto kernel = wgmmaGroupedKernel<kTransB, CT, kMode>;
+  constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
+  size_t bytes = size_t(kStages) * (kTwoB ? 3 : 2) * kTileBytes + 1024; // + alignment slack
   cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kSmemBytes));
+                                           static_cast<int>(bytes));
   if (error != cudaSuccess)
     ctx.fail(std::string("grouped GEMM (wgmma): cannot raise the shared memory limit: ") +
              cudaGetErrorString(error));
-  kernel<<<grid, kGroupedThreads, kSmemBytes, streamOf(ctx)>>>(p);
+  kernel<<<grid, kGroupedThreads, bytes, streamOf(ctx)>>>(p, x);
   checkLaunch(ctx, "grouped GEMM (wgmma)");
+}
+
+template <int kMode>
+void launchMode(const KernelContext &ctx, dim3 grid, const GroupedParams &p, const WgmmaExtra &x,
+                bool transW, plan::DType yType) {
+  // transW: W_e [n, k], K-major like X; else W_e [k, n], MN-major.
+  if (yType == plan::F32)
+    transW ? launch<false, float, kMode>(ctx, grid, p, x) : launch<true, float, kMode>(ctx, grid, p, x);
+  else
+    transW ? launch<false, __nv_bfloat16, kMode>(ctx, grid, p, x)
+           : launch<true, __nv_bfloat16, kMode>(ctx, grid, p, x);
 }
 
 } // namespace
 
 int64_t wgmmaRowTile() { return kBM; }
 
-void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, bool transW,
-                      int64_t rowTiles, plan::DType yType) {
+void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x,
+                      WgmmaMode mode, bool transW, int64_t rowTiles, plan::DType yType) {
   int64_t nTiles = (p.n + kBN - 1) / kBN;
   if (nTiles > 0x7fffffff || rowTiles > 65535)
     ctx.fail("grouped GEMM: too large (" + std::to_string(nTiles) + " x " +
              std::to_string(rowTiles) + " tiles)");
   dim3 grid(static_cast<unsigned>(nTiles), static_cast<unsigned>(rowTiles));
-  // transW: W_e [n, k], K-major like X; else W_e [k, n], MN-major.
-  if (yType == plan::F32)
-    transW ? launch<false, float>(ctx, grid, p) : launch<true, float>(ctx, grid, p);
-  else
-    transW ? launch<false, __nv_bfloat16>(ctx, grid, p)
-           : launch<true, __nv_bfloat16>(ctx, grid, p);
+  switch (mode) {
+  case Plain:
+    return launchMode<Plain>(ctx, grid, p, x, transW, yType);
+  case SumOfTwo:
+    return launchMode<SumOfTwo>(ctx, grid, p, x, transW, yType);
+  case Glu: // the gate and up weights are [n, k]
+    return launch<false, __nv_bfloat16, Glu>(ctx, grid, p, x);
+  case GluGrad:
+    return launch<false, __nv_bfloat16, GluGrad>(ctx, grid, p, x);
+  }
 }
 
 } // namespace moec::runtime::cuda::routing

@@ -19,11 +19,28 @@ namespace moec::runtime::cuda::routing {
 /// Rows per CTA tile of the wgmma kernel (sizes the grid's row tiles).
 int64_t wgmmaRowTile();
 
-/// Y[rows_e] = alpha X[rows_e] op(W_e) + beta Y[rows_e] for every expert
-/// (p as groupedGemm fills it; transW: W_e [n, k]); rowTiles bounds the row
-/// tiles of all experts at wgmmaRowTile() rows each. yType: F32 or BF16.
-void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, bool transW,
-                      int64_t rowTiles, plan::DType yType);
+/// What a launch computes, per expert e (X = p.a, W = p.b, Y = p.c):
+enum WgmmaMode : int {
+  Plain = 0,    // Y = alpha X op(W_e) + beta Y
+  SumOfTwo = 1, // Y = alpha (X op(W_e) + X2 op(W2_e)) + beta Y; X2, W2 with X's, W's strides
+  Glu = 2,      // Y = silu(X W_eᵀ) ⊙ (X W2_eᵀ): W the gate's weights, W2 the up's, [n, k]
+  GluGrad = 3,  // with G = X W_eᵀ, U = X W2_eᵀ recomputed and dH [rows, n] f32:
+                // Y = dH ⊙ U ⊙ silu'(G) (the gate's gradient), C2 = dH ⊙ silu(G) (the up's)
+};
+
+/// The operands of the modes beyond Plain.
+struct WgmmaExtra {
+  const void *a2 = nullptr; // SumOfTwo: X2
+  const void *b2 = nullptr; // SumOfTwo: W2; Glu, GluGrad: the up weights
+  const float *dh = nullptr; // GluGrad: dH, row stride n
+  void *c2 = nullptr;        // GluGrad: the up projection's gradient, Y's row stride
+};
+
+/// Runs `mode` for every expert (p as groupedGemm fills it; transW: W_e [n, k]);
+/// rowTiles bounds the row tiles of all experts at wgmmaRowTile() rows each.
+/// yType: F32 or BF16 (Glu, GluGrad: BF16 outputs).
+void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x,
+                      WgmmaMode mode, bool transW, int64_t rowTiles, plan::DType yType);
 
 } // namespace moec::runtime::cuda::routing
 
