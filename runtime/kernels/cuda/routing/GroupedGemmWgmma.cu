@@ -90,17 +90,18 @@ __device__ __forceinline__ void wgmma128(float (&d)[64], uint64_t descA, uint64_
 }
 
 /// One output element of the gated modes, from its accumulators: Glu stores h in `c`; GluGrad
-/// reads dh and stores the gate's gradient in `c`, the up projection's in `c2` (like
+/// stores the gate's gradient (from dh's element `d`) in `c`, the up projection's in `c2` (like
 /// ExpertMlp.cu's activation kernels, in double).
 template <int kMode, typename CT>
 __device__ __forceinline__ void gatedElement(const GroupedParams &p, const WgmmaExtra &x,
-                                             int64_t row, int64_t col, float gate, float up) {
-  double gv = gate, u = up, silu = siluD(gv);
+                                             int64_t row, int64_t col, float gate, float up,
+                                             double d) {
+  double gv = gate, u = up, s = sigmoidD(gv), silu = gv * s;
   if (kMode == Glu) {
     static_cast<CT *>(p.c)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(silu * u));
-  } else {
-    double d = x.dh[row * p.n + col];
-    static_cast<CT *>(p.c)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(d * u * siluGradD(gv)));
+  } else { // silu' = s (1 + v (1 - s)) (siluGradD, with s computed once)
+    double siluGrad = s * (1.0 + gv * (1.0 - s));
+    static_cast<CT *>(p.c)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(d * u * siluGrad));
     static_cast<CT *>(x.c2)[row * p.ldc + col] = fromFloat<CT>(static_cast<float>(d * silu));
   }
 }
@@ -208,6 +209,31 @@ __global__ void __launch_bounds__(kGroupedThreads, kMode == Glu || kMode == GluG
 
   // Accumulator d[4j + 2h + c]: row 16 (warp % 4) + lane / 4 + 8h, column 8j + 2 (lane % 4) + c.
   int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+  if constexpr (kTwoB) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int mLocal = warpGroup * 64 + warp * 16 + (lane >> 2) + h * 8;
+      if (mLocal >= mValid)
+        continue;
+      int64_t row = rowBegin + mLocal;
+      // GluGrad: the row's dh values all loaded before the first store (stores could alias
+      // them, so loads issued between stores would each wait out the memory latency).
+      float dh[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
+        dh[i] = kMode == GluGrad && nLocal < nValid ? __ldg(x.dh + row * p.n + n0 + nLocal) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
+        int r = 4 * (i >> 1) + 2 * h + (i & 1);
+        if (nLocal < nValid)
+          gatedElement<kMode, CT>(p, x, row, n0 + nLocal, acc[r], acc2[r], dh[i]);
+      }
+    }
+    return;
+  }
   CT *c = static_cast<CT *>(p.c);
   float alpha = p.alpha, beta = p.beta;
 #pragma unroll
@@ -221,14 +247,6 @@ __global__ void __launch_bounds__(kGroupedThreads, kMode == Glu || kMode == GluG
       int nLocal = j * 8 + 2 * (lane & 3);
       if (nLocal >= nValid)
         continue;
-      if (kTwoB) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (nLocal + e < nValid)
-            gatedElement<kMode, CT>(p, x, row, n0 + nLocal + e, acc[4 * j + 2 * h + e],
-                                    acc2[4 * j + 2 * h + e]);
-        continue;
-      }
       CT *out = c + row * p.ldc + n0 + nLocal;
       float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
       if (nLocal + 1 < nValid && reinterpret_cast<uintptr_t>(out) % (2 * sizeof(CT)) == 0) {
