@@ -10,7 +10,10 @@
 // for (in, out) = (2048, 768) (gate / up) and (768, 2048) (down), against
 // cuBLAS per expert (the previous ExpertMlp.cu, counts known on the host) and
 // one cuBLAS GEMM of the same FLOPs (the ceiling). Prints TFLOP/s and the
-// largest difference between the grouped result and cuBLAS per expert.
+// largest difference between the grouped result and cuBLAS per expert. The
+// gated SiLU's fused forms at (2048, 768), timed against the ceiling only
+// (expert_mlp_test checks their values): glu (gate and up with the activation),
+// glu' (its gradient from dh) and dx2 (dp W_up + dg W_gate in one GEMM).
 //
 //   bazel build //runtime/kernels/cuda/routing:grouped_gemm_bench
 //   bazel-bin/runtime/kernels/cuda/routing/grouped_gemm_bench [--iters N]
@@ -123,6 +126,8 @@ int main(int argc, char **argv) {
   void *x = randomBf16(big, 1, 1.0f);
   void *dy = randomBf16(big, 2, 1.0f);
   void *w = randomBf16(weights, 3, 0.03f);
+  void *w2 = randomBf16(weights, 4, 0.03f);
+  void *dhBf16 = randomBf16(static_cast<size_t>(rows) * inter, 5, 1.0f);
   void *outA = zeros(std::max(big, weights) * 4), *outB = zeros(std::max(big, weights) * 4);
   int64_t *dOffsets = nullptr;
   check(cudaMalloc(&dOffsets, (experts + 1) * sizeof(int64_t)), "cudaMalloc");
@@ -162,6 +167,45 @@ int main(int argc, char **argv) {
         std::function<void()> ceiling;
         size_t outElems;
       };
+      std::vector<Run> fused; // the gated SiLU's forms (gate / up shape only)
+      if (in == hidden) {
+        fused = {
+            {"glu",
+             [&](void *h) {
+               groupedGluGemm(ctx, g, out, in, x, in, w, w2, in, in * out, plan::BF16, nullptr, h,
+                              nullptr, out);
+             },
+             nullptr,
+             [&] {
+               gemm(ctx, false, true, rows, 2 * out, in, 1.0f, x, in, w, in, plan::BF16, 0.0f, outA,
+                    2 * out, plan::F32);
+             },
+             0},
+            {"glu'",
+             [&](void *d) {
+               groupedGluGemm(ctx, g, out, in, x, in, w, w2, in, in * out, plan::BF16,
+                              static_cast<const float *>(outB), d,
+                              static_cast<char *>(d) + rows * out * 2, out);
+             },
+             nullptr,
+             [&] {
+               gemm(ctx, false, true, rows, 2 * out, in, 1.0f, x, in, w, in, plan::BF16, 0.0f, outA,
+                    2 * out, plan::F32);
+             },
+             0},
+            {"dx2",
+             [&](void *dx) {
+               groupedGemmSum(ctx, g, in, out, dhBf16, dhBf16, out, w, w2, in, in * out, false,
+                              plan::BF16, dx, in, plan::BF16);
+             },
+             nullptr,
+             [&] {
+               gemm(ctx, false, false, rows, in, 2 * out, 1.0f, dy, 2 * out, w, in, plan::BF16,
+                    0.0f, outA, in, plan::F32);
+             },
+             0},
+        };
+      }
       std::vector<Run> runs = {
           {"fwd",
            [&](void *y) {
@@ -215,6 +259,25 @@ int main(int argc, char **argv) {
            },
            static_cast<size_t>(experts * in * out)},
       };
+      for (Run &r : fused) {
+        try {
+          // glu' reads dh (f32) from outB: widened random values.
+          std::vector<uint16_t> bits(static_cast<size_t>(rows) * out);
+          check(cudaMemcpy(bits.data(), dhBf16, bits.size() * 2, cudaMemcpyDeviceToHost), "dh");
+          std::vector<float> dh(bits.size());
+          for (size_t i = 0; i < bits.size(); ++i)
+            dh[i] = moec::runtime::bench::fromBf16(bits[i]);
+          check(cudaMemcpy(outB, dh.data(), dh.size() * 4, cudaMemcpyHostToDevice), "dh");
+          double tGrouped = medianMs(stream, warmup, iters, [&] { r.grouped(outA); });
+          double tOne = medianMs(stream, warmup, iters, r.ceiling);
+          auto tflops = [&](double ms) { return 2 * flops / (ms * 1e-3) / 1e12; };
+          std::printf("%-9s %-10s %-4s %9.1f %9s %9.1f %8.2f %9s   (%.3f / - / %.3f ms)\n",
+                      load.name, dims, r.form, tflops(tGrouped), "-", tflops(tOne), tOne / tGrouped,
+                      "-", tGrouped, tOne);
+        } catch (const KernelError &e) {
+          std::printf("%-9s %-10s %-4s failed: %s\n", load.name, dims, r.form, e.what());
+        }
+      }
       for (Run &r : runs) {
         try {
           // Correctness first: both into zeroed outputs (experts without rows stay zero).
@@ -241,6 +304,8 @@ int main(int argc, char **argv) {
   cudaFree(x);
   cudaFree(dy);
   cudaFree(w);
+  cudaFree(w2);
+  cudaFree(dhBf16);
   cudaFree(outA);
   cudaFree(outB);
   cudaFree(dOffsets);
