@@ -110,32 +110,54 @@ __global__ void combineKernel(FloatIn out, const int32_t *rows, IndexIn indices,
   }
 }
 
+/// A warp per copy (token t, slot j): dOut[row] = w * dy[t], dWeights[t, j] = dy[t] · out[row]
+/// (the dot in double, each lane's part in feature order, then the lanes in a fixed order).
+template <bool kEight>
 __global__ void combineBackwardKernel(FloatIn out, const int32_t *rows, IndexIn indices,
                                       FloatIn weights, FloatIn dy, int64_t topK, int64_t features,
-                                      FloatOut dOut, FloatOut dWeights) {
-  __shared__ double scratch[32];
-  int64_t t = blockIdx.x;
-  for (int64_t j = 0; j < topK; ++j) {
-    if (indices[t * topK + j] < 0) { // uniform across the block
-      if (dWeights && threadIdx.x == 0)
-        dWeights.store(t * topK + j, 0.0f);
-      continue;
+                                      int64_t copies, FloatOut dOut, FloatOut dWeights) {
+  int64_t copy = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  int lane = threadIdx.x & 31;
+  if (copy >= copies) // uniform across the warp
+    return;
+  if (indices[copy] < 0) {
+    if (dWeights && lane == 0)
+      dWeights.store(copy, 0.0f);
+    return;
+  }
+  int64_t t = copy / topK, row = rows[copy];
+  float w = weights[copy];
+  double dot = 0;
+  if constexpr (kEight) {
+    for (int64_t d = 8 * lane; d < features; d += 8 * 32) {
+      Floats8 g = load8(dy.p, dy.bf16, t * features + d);
+      if (dOut) {
+        Floats8 scaled;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          scaled.v[k] = __fmul_rn(w, g.v[k]);
+        store8(dOut.p, dOut.bf16, row * features + d, scaled);
+      }
+      if (dWeights) {
+        Floats8 o = load8(out.p, out.bf16, row * features + d);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          dot += static_cast<double>(g.v[k]) * o.v[k];
+      }
     }
-    int64_t row = rows[t * topK + j];
-    float w = weights[t * topK + j];
-    double dot = 0;
-    for (int64_t d = threadIdx.x; d < features; d += blockDim.x) {
+  } else {
+    for (int64_t d = lane; d < features; d += 32) {
       float g = dy[t * features + d];
       if (dOut)
         dOut.store(row * features + d, __fmul_rn(w, g));
       if (dWeights)
         dot += static_cast<double>(g) * out[row * features + d];
     }
-    if (dWeights) { // uniform across the block
-      dot = blockReduce(dot, SumOp{}, scratch);
-      if (threadIdx.x == 0)
-        dWeights.store(t * topK + j, static_cast<float>(dot));
-    }
+  }
+  if (dWeights) {
+    dot = warpReduce(dot, SumOp{});
+    if (lane == 0)
+      dWeights.store(copy, static_cast<float>(dot));
   }
 }
 
@@ -264,9 +286,12 @@ void combineBackward(KernelContext &ctx) {
   int64_t copies = c.tokens * c.topK;
   DeviceBuffer rows(ctx, copies * sizeof(int32_t));
   expertMajorOrder(ctx, *c.indices, rows.as<int32_t>(), nullptr);
-  combineBackwardKernel<<<static_cast<unsigned>(c.tokens), 128, 0, streamOf(ctx)>>>(
+  bool eight = eightAtATime(c.features, {c.expertOutput->data, dResult->data, dOut.p});
+  auto kernel = eight ? combineBackwardKernel<true> : combineBackwardKernel<false>;
+  constexpr int kWarps = 8;
+  kernel<<<static_cast<unsigned>((copies + kWarps - 1) / kWarps), 32 * kWarps, 0, streamOf(ctx)>>>(
       floatIn(*c.expertOutput), rows.as<int32_t>(), indexIn(*c.indices), floatIn(*c.weights),
-      floatIn(*dResult), c.topK, c.features, dOut, dWeights);
+      floatIn(*dResult), c.topK, c.features, copies, dOut, dWeights);
   checkLaunch(ctx, "combine.backward");
 }
 
