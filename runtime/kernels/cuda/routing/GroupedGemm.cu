@@ -17,6 +17,10 @@
 // and columns are zero-filled, so ragged tiles need no special case in the
 // main loop; the epilogue checks bounds.
 //
+// bf16 row forms whose operands allow 16-byte copies go to GroupedGemmWgmma.cu
+// instead (wgmma, TMA, a persistent grid), as do the fused forms
+// (groupedGemmSum, groupedGluGemm), which only it runs.
+//
 // f32: 64x64x16 CTA tiles of plain FMAs (4x4 per thread), f32 throughout.
 //
 // Deterministic: every output element is written by one thread with a fixed
@@ -45,7 +49,75 @@ enum Form : int {
 };
 
 using Params = GroupedParams;
-constexpr int kThreadsPerCta = kGroupedThreads;
+constexpr int kThreadsPerCta = 256;
+
+/// The expert and first row of the row tile `tile` (tiles of `bm` rows, expert
+/// by expert, in expert order), or false when the experts have fewer tiles.
+/// Every thread of the block must call it; all get the same answer.
+__device__ inline bool findRowTile(const int64_t *offsets, int experts, int64_t tile, int bm,
+                                   int &expert, int64_t &rowBegin, int64_t &rowEnd) {
+  __shared__ int warpSums[kThreadsPerCta / 32];
+  __shared__ int found;
+  __shared__ int64_t foundFirst;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (threadIdx.x == 0)
+    found = -1;
+  __syncthreads();
+  int64_t carry = 0;
+  for (int base = 0; base < experts; base += blockDim.x) {
+    int e = base + threadIdx.x;
+    int64_t tiles = 0;
+    if (e < experts) {
+      int64_t rows = offsets[e + 1] - offsets[e];
+      tiles = rows > 0 ? (rows + bm - 1) / bm : 0;
+    }
+    // Inclusive scan over the warp, then over the warps.
+    int v = static_cast<int>(tiles);
+    for (int d = 1; d < 32; d <<= 1) {
+      int o = __shfl_up_sync(0xffffffffu, v, d);
+      if (lane >= d)
+        v += o;
+    }
+    if (lane == 31)
+      warpSums[warp] = v;
+    __syncthreads();
+    int64_t before = carry, total = carry;
+    for (int w = 0; w < warps; ++w) {
+      if (w < warp)
+        before += warpSums[w];
+      total += warpSums[w];
+    }
+    int64_t first = before + v - tiles;
+    if (tiles > 0 && tile >= first && tile < first + tiles) {
+      found = e;
+      foundFirst = first;
+    }
+    __syncthreads(); // warpSums is rewritten next round only after everyone read it
+    if (found >= 0)
+      break;
+    carry = total;
+  }
+  if (found < 0)
+    return false;
+  expert = found;
+  rowBegin = offsets[expert] + (tile - foundFirst) * bm;
+  rowEnd = offsets[expert + 1];
+  return true;
+}
+
+/// A 16-byte global -> shared copy; `valid` false writes zeros (reads nothing).
+__device__ __forceinline__ void cpAsync16(void *smem, const void *global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(smem)),
+               "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 
 //===--------------------------------------------------------------------===//
 // bf16 on the tensor cores
@@ -358,12 +430,6 @@ bool chunkable(const void *p, int64_t contiguous, int64_t ld, int64_t stride = 0
   return aligned16(p) && contiguous % 8 == 0 && ld % 8 == 0 && stride % 8 == 0;
 }
 
-/// Σ_e ceil(rows_e / tile) <= ceil(rows / tile) + (experts with rows), at the wgmma tile.
-int64_t wgmmaRowTiles(const ExpertRows &g) {
-  int64_t tile = wgmmaRowTile();
-  return (g.rows + tile - 1) / tile + std::min(g.experts, g.rows);
-}
-
 /// The launch parameters of the row forms.
 Params rowParams(const ExpertRows &g, int64_t n, int64_t k, float alpha, const void *x, int64_t ldx,
                  const void *w, int64_t ldw, int64_t wStride, float beta, void *y, int64_t ldy) {
@@ -442,8 +508,8 @@ void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64
   // Σ_e ceil(rows_e / bm) <= ceil(rows / bm) + (experts with rows).
   int64_t mTiles = (g.rows + bm - 1) / bm + std::min(g.experts, g.rows);
   bool vec = chunkable(x, k, ldx) && chunkable(w, transW ? k : n, ldw, wStride);
-  if (abType == plan::BF16 && vec) // Hopper's wgmma (GroupedGemmWgmma.cu)
-    return wgmmaGroupedGemm(ctx, p, WgmmaExtra{}, Plain, transW, wgmmaRowTiles(g), yType);
+  if (abType == plan::BF16 && vec && wgmmaAvailable()) // Hopper's wgmma (GroupedGemmWgmma.cu)
+    return wgmmaGroupedGemm(ctx, p, WgmmaExtra{}, Plain, transW, g.rows, yType);
   if (transW)
     launch<RowsNT>(ctx, abType, yType, vec, mTiles, p);
   else
@@ -456,7 +522,7 @@ bool groupedGemmSum(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
                     int64_t ldy, plan::DType yType) {
   checkTypes(ctx, abType, yType, "grouped GEMM sum");
   int64_t wContiguous = transW ? k : n;
-  if (abType != plan::BF16 || !chunkable(x1, k, ldx) || !chunkable(x2, k, ldx) ||
+  if (abType != plan::BF16 || !wgmmaAvailable() || !chunkable(x1, k, ldx) || !chunkable(x2, k, ldx) ||
       !chunkable(w1, wContiguous, ldw, wStride) || !chunkable(w2, wContiguous, ldw, wStride) ||
       g.experts > 0x7fffffff)
     return false;
@@ -466,14 +532,14 @@ bool groupedGemmSum(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
   extra.a2 = x2;
   extra.b2 = w2;
   wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x1, ldx, w1, ldw, wStride, 0.0f, y, ldy), extra,
-                   SumOfTwo, transW, wgmmaRowTiles(g), yType);
+                   SumOfTwo, transW, g.rows, yType);
   return true;
 }
 
 bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, const void *wUp,
                     int64_t ldw, int64_t wStride, plan::DType abType) {
-  return abType == plan::BF16 && chunkable(x, k, ldx) && chunkable(wGate, k, ldw, wStride) &&
-         chunkable(wUp, k, ldw, wStride);
+  return abType == plan::BF16 && wgmmaAvailable() && chunkable(x, k, ldx) &&
+         chunkable(wGate, k, ldw, wStride) && chunkable(wUp, k, ldw, wStride);
 }
 
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
@@ -489,7 +555,7 @@ void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
   extra.dh = dh;
   extra.c2 = out2;
   wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x, ldx, wGate, ldw, wStride, 0.0f, out, ldh), extra,
-                   dh ? GluGrad : Glu, true, wgmmaRowTiles(g), abType);
+                   dh ? GluGrad : Glu, true, g.rows, abType);
 }
 
 void groupedGemmReduce(const KernelContext &ctx, const ExpertRows &g, int64_t m, int64_t n,

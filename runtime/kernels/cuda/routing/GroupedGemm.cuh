@@ -17,9 +17,10 @@
 //                        An expert without rows gets beta C_e.
 // beta == 0 never reads the output (it may hold garbage).
 //
-// A and B share one storage type: bf16 runs on the tensor cores (mma.sync
-// m16n8k16, f32 accumulators), f32 on plain FMAs (no TF32). C is f32 or the
-// operands' type.
+// A and B share one storage type: bf16 runs on the tensor cores (the row
+// forms on Hopper's wgmma with TMA copies where the operands allow 16-byte
+// copies, GroupedGemmWgmma.cu; else mma.sync m16n8k16), f32 accumulators; f32
+// on plain FMAs (no TF32). C is f32 or the operands' type.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,8 +39,9 @@ struct ExpertRows {
   /// [offsets[e], offsets[e + 1]).
   const int64_t *offsets = nullptr;
   int64_t experts = 0;
-  /// Host-known bound on the rows all experts own together
-  /// (offsets[experts] - offsets[0] <= rows): sizes the grid.
+  /// The rows of the row-indexed operands (X and Y of the row forms, A and B of the
+  /// reduction), at least offsets[experts]: sizes the grid, and bounds what the tensor
+  /// memory accelerator may read.
   int64_t rows = 0;
 };
 

@@ -1,8 +1,7 @@
-//===- GroupedGemmTiles.cuh - which expert and rows a grouped GEMM CTA owns -*- CUDA -*-===//
+//===- GroupedGemmTiles.cuh - what the grouped GEMM kernels share -*- CUDA -*-===//
 //
-// Shared by the grouped GEMM kernels (mma.sync in GroupedGemm.cu, wgmma in
-// GroupedGemmWgmma.cu): the row forms launch an upper bound on the row tiles
-// of all experts, and each CTA finds its expert from the device offsets.
+// What the grouped GEMM kernels share (mma.sync in GroupedGemm.cu, wgmma in
+// GroupedGemmWgmma.cu): the launch parameters and the epilogue's stores.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,9 +13,6 @@
 #include "runtime/kernels/cuda/CudaCommon.cuh"
 
 namespace moec::runtime::cuda::routing {
-
-/// Threads of every grouped GEMM CTA (8 warps; two warpgroups for wgmma).
-constexpr int kGroupedThreads = 256;
 
 /// The operands of one grouped GEMM launch.
 struct GroupedParams {
@@ -32,75 +28,8 @@ struct GroupedParams {
 
 __device__ __forceinline__ int64_t minI64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/// The expert and first row of the row tile `tile` (tiles of `bm` rows, expert
-/// by expert, in expert order), or false when the experts have fewer tiles.
-/// Every thread of the block must call it; all get the same answer.
-__device__ inline bool findRowTile(const int64_t *offsets, int experts, int64_t tile, int bm,
-                                   int &expert, int64_t &rowBegin, int64_t &rowEnd) {
-  __shared__ int warpSums[kGroupedThreads / 32];
-  __shared__ int found;
-  __shared__ int64_t foundFirst;
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (threadIdx.x == 0)
-    found = -1;
-  __syncthreads();
-  int64_t carry = 0;
-  for (int base = 0; base < experts; base += blockDim.x) {
-    int e = base + threadIdx.x;
-    int64_t tiles = 0;
-    if (e < experts) {
-      int64_t rows = offsets[e + 1] - offsets[e];
-      tiles = rows > 0 ? (rows + bm - 1) / bm : 0;
-    }
-    // Inclusive scan over the warp, then over the warps.
-    int v = static_cast<int>(tiles);
-    for (int d = 1; d < 32; d <<= 1) {
-      int o = __shfl_up_sync(0xffffffffu, v, d);
-      if (lane >= d)
-        v += o;
-    }
-    if (lane == 31)
-      warpSums[warp] = v;
-    __syncthreads();
-    int64_t before = carry, total = carry;
-    for (int w = 0; w < warps; ++w) {
-      if (w < warp)
-        before += warpSums[w];
-      total += warpSums[w];
-    }
-    int64_t first = before + v - tiles;
-    if (tiles > 0 && tile >= first && tile < first + tiles) {
-      found = e;
-      foundFirst = first;
-    }
-    __syncthreads(); // warpSums is rewritten next round only after everyone read it
-    if (found >= 0)
-      break;
-    carry = total;
-  }
-  if (found < 0)
-    return false;
-  expert = found;
-  rowBegin = offsets[expert] + (tile - foundFirst) * bm;
-  rowEnd = offsets[expert + 1];
-  return true;
-}
-
 __device__ __forceinline__ uint32_t sharedAddress(const void *p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/// A 16-byte global -> shared copy; `valid` false writes zeros (reads nothing).
-__device__ __forceinline__ void cpAsync16(void *smem, const void *global, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(smem)),
-               "l"(global), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <typename CT> __device__ __forceinline__ float loadC(const CT *c) { return toFloat(*c); }

@@ -8,21 +8,25 @@
 // and gate and up projections of one X in one pass (a second B tile and
 // accumulator) with the activation, or its gradient, in the epilogue.
 //
-// CTA tile 128 x 128 x 64, two warpgroups of 64 x 128 (wgmma.m64n128k16, f32
-// accumulators in registers, both operands from shared memory), 3 stages of
-// cp.async copies, two CTAs a multiprocessor. Shared tiles use the 128-byte
-// swizzle the wgmma descriptors name: a row of 64 bf16 is 128 bytes, its
-// 16-byte chunk c stored at chunk c ^ (row % 8), every tile 1024-byte aligned.
+// A persistent grid of one CTA per multiprocessor walks 128 x 128 output tiles
+// (row tile major). In each CTA, warpgroup 0 (one thread) copies 64-wide k
+// tiles of X and W_e by the tensor memory accelerator (TMA) into a ring of
+// shared-memory stages (6 of 32 KB; 4 of 48 KB with two B tiles), completing
+// on an mbarrier per stage; warpgroups 1 and 2 take 64 rows each
+// (wgmma.m64n128k16, f32 accumulators in registers, both operands from shared
+// memory) and release each stage on a second mbarrier after its products.
+// setmaxnreg moves registers from the copying warpgroup to the two computing
+// ones. Rows past an expert's last row are copied too (another expert's, or
+// zeros past the buffer): they only reach output rows the epilogue skips.
+//
+// Shared tiles use the 128-byte swizzle that both TMA and the wgmma
+// descriptors name: a row of 64 bf16 is 128 bytes, its 16-byte chunk c stored
+// at chunk c ^ (row % 8), every tile 1024-byte aligned.
 //  - X [rows][k] and W_e [n][k] (RowsNT) are K-major: 8-row groups 1024 bytes
 //    apart (the descriptor's stride offset), a k16 step 32 bytes further.
 //  - W_e [k][n] (RowsNN) is MN-major (wgmma transposes it): two 64-column
-//    blocks of [64 k][64 n], 8192 bytes apart (leading offset), 8-k groups
+//    boxes of [64 k][64 n], 8192 bytes apart (leading offset), 8-k groups
 //    1024 bytes apart (stride offset), a k16 step 2048 bytes further.
-// The wgmma of a k tile completes before the barrier that lets the next copy
-// overwrite its stage, so copies run two tiles ahead of the tensor cores.
-//
-// The two-B modes hold two accumulators (128 registers a thread) and 3 stages
-// of 48 KB: one CTA a multiprocessor.
 //
 // Needs sm_90a (compiled with -gencode=arch=compute_90a,code=sm_90a).
 //
@@ -30,6 +34,10 @@
 
 #include "runtime/kernels/cuda/routing/GroupedGemmWgmma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
 #include <string>
 
 #include "runtime/kernels/cuda/CudaCommon.cuh"
@@ -40,7 +48,7 @@ namespace moec::runtime::cuda::routing {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 3;
+constexpr int kBM = 128, kBN = 128, kBK = 64;
 constexpr int kTileBytes = kBM * kBK * 2; // one operand's tile: 128 rows of 128 bytes
 
 /// A shared-memory matrix descriptor with the 128-byte swizzle.
@@ -57,8 +65,9 @@ __device__ __forceinline__ void wgmmaFence() {
 __device__ __forceinline__ void wgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmmaWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+/// Waits until at most N committed groups of this warpgroup's products are pending.
+template <int N> __device__ __forceinline__ void wgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 /// d[64 x 128] += A[64 x 16] B[16 x 128]; kTransB: B stored MN-major.
@@ -106,107 +115,14 @@ __device__ __forceinline__ void gatedElement(const GroupedParams &p, const Wgmma
   }
 }
 
-template <bool kTransB, typename CT, int kMode>
-__global__ void __launch_bounds__(kGroupedThreads, kMode == Glu || kMode == GluGrad ? 1 : 2)
-    wgmmaGroupedKernel(GroupedParams p, WgmmaExtra x) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kTwoB = kMode == Glu || kMode == GluGrad; // gate and up weights, one X
-  constexpr int kStageBytes = (kTwoB ? 3 : 2) * kTileBytes;
-  extern __shared__ unsigned char smemRaw[];
-  // 1024-byte aligned stages (the swizzle pattern follows the address bits).
-  uint32_t rawAddress = sharedAddress(smemRaw);
-  unsigned char *smem = smemRaw + ((1024 - (rawAddress & 1023)) & 1023);
-  uint32_t smemAddress = sharedAddress(smem);
-
-  int expert;
-  int64_t rowBegin = 0, rowEnd = 0;
-  if (!findRowTile(p.offsets, p.experts, blockIdx.y, kBM, expert, rowBegin, rowEnd))
-    return;
-  int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
-  const auto *a = static_cast<const __nv_bfloat16 *>(p.a) + rowBegin * p.lda;
-  const auto *b = static_cast<const __nv_bfloat16 *>(p.b) + expert * p.bStride;
-  // SumOfTwo: the second product's X and W (same strides); two B: the up weights.
-  const auto *a2 = kMode == SumOfTwo ? static_cast<const __nv_bfloat16 *>(x.a2) + rowBegin * p.lda : a;
-  const auto *b2 = kMode != Plain ? static_cast<const __nv_bfloat16 *>(x.b2) + expert * p.bStride : b;
-  int mValid = static_cast<int>(minI64(rowEnd - rowBegin, kBM));
-  int nValid = static_cast<int>(minI64(p.n - n0, kBN));
-  int tilesPerProduct = static_cast<int>((p.k + kBK - 1) / kBK);
-  int numK = kMode == SumOfTwo ? 2 * tilesPerProduct : tilesPerProduct;
-
-  // Copies one [128][64] K-major tile (rows from `src`, row stride ld) into `dst`.
-  auto loadKMajor = [&](unsigned char *dst, const __nv_bfloat16 *src, int64_t ld, int rowsValid,
-                        int64_t k0, int kValid) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      int chunk = threadIdx.x + i * kGroupedThreads;
-      int r = chunk >> 3, c = chunk & 7; // row of 128 bytes, its 16-byte chunk
-      bool ok = r < rowsValid && c * 8 < kValid;
-      cpAsync16(dst + r * 128 + ((c ^ (r & 7)) << 4), ok ? src + r * ld + k0 + c * 8 : src, ok);
-    }
-  };
-  // Copies k tile `kt` into stage `stage`: 1024 chunks of 16 bytes per operand.
-  auto loadStage = [&](int stage, int kt) {
-    unsigned char *sA = smem + stage * kStageBytes, *sB = sA + kTileBytes;
-    bool second = kMode == SumOfTwo && kt >= tilesPerProduct;
-    const __nv_bfloat16 *ta = second ? a2 : a, *tb = second ? b2 : b;
-    int64_t k0 = static_cast<int64_t>(second ? kt - tilesPerProduct : kt) * kBK;
-    int kValid = static_cast<int>(minI64(p.k - k0, kBK));
-    loadKMajor(sA, ta, p.lda, mValid, k0, kValid);
-    if (!kTransB) { // W_e [n][k]: row r is output column n0 + r
-      loadKMajor(sB, tb + n0 * p.ldb, p.ldb, nValid, k0, kValid);
-      if (kTwoB)
-        loadKMajor(sB + kTileBytes, b2 + n0 * p.ldb, p.ldb, nValid, k0, kValid);
-    } else { // W_e [k][n]: k row kr, 64-column block blk
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int chunk = threadIdx.x + i * kGroupedThreads;
-        int kr = chunk >> 4, blk = (chunk >> 3) & 1, c = chunk & 7;
-        int col = blk * 64 + c * 8;
-        bool ok = kr < kValid && col < nValid;
-        cpAsync16(sB + blk * 8192 + kr * 128 + ((c ^ (kr & 7)) << 4),
-                  ok ? tb + (k0 + kr) * p.ldb + n0 + col : tb, ok);
-      }
-    }
-  };
-
-  int warpGroup = threadIdx.x >> 7;
-  float acc[64], acc2[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i)
-    acc[i] = acc2[i] = 0.0f;
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < numK)
-      loadStage(s, s);
-    cpAsyncCommit();
-  }
-  for (int kt = 0; kt < numK; ++kt) {
-    cpAsyncWait<kStages - 2>();
-    // This thread's copies of stage kt are done; make them visible to the
-    // tensor cores (the async proxy), then to every thread.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads(); // also: every warpgroup finished tile kt - 1, so its stage is free
-    if (kt + kStages - 1 < numK)
-      loadStage((kt + kStages - 1) % kStages, kt + kStages - 1);
-    cpAsyncCommit();
-    uint32_t aBase = smemAddress + (kt % kStages) * kStageBytes + warpGroup * 64 * 128;
-    uint32_t bBase = smemAddress + (kt % kStages) * kStageBytes + kTileBytes;
-    wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      uint64_t descA = descriptor(aBase + kk * 32, 16, 1024);
-      uint64_t descB = kTransB ? descriptor(bBase + kk * 2048, 8192, 1024)
-                               : descriptor(bBase + kk * 32, 16, 1024);
-      wgmma128<kTransB>(acc, descA, descB);
-      if (kTwoB)
-        wgmma128<kTransB>(acc2, descA, descriptor(bBase + kTileBytes + kk * 32, 16, 1024));
-    }
-    wgmmaCommit();
-    wgmmaWaitAll();
-  }
-  cpAsyncWait<0>(); // no copy may outlive the CTA's shared memory
-
+/// Stores a warpgroup's 64 x 128 accumulators (rows 64 warpGroup.. of the CTA tile at rowBegin,
+/// columns n0..; mValid, nValid: the tile's rows and columns inside the output) as `kMode` says.
+template <int kMode, typename CT>
+__device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExtra &x,
+                                          const float (&acc)[64], const float (&acc2)[64],
+                                          int warpGroup, int64_t rowBegin, int mValid, int64_t n0,
+                                          int nValid) {
+  constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
   // Accumulator d[4j + 2h + c]: row 16 (warp % 4) + lane / 4 + 8h, column 8j + 2 (lane % 4) + c.
   int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   if constexpr (kTwoB) {
@@ -267,57 +183,308 @@ __global__ void __launch_bounds__(kGroupedThreads, kMode == Glu || kMode == GluG
       }
     }
   }
+}
+
+//===--------------------------------------------------------------------===//
+// Copies by the tensor memory accelerator, warp-specialised and persistent
+//===--------------------------------------------------------------------===//
+
+/// The operands' tensor maps (a2: SumOfTwo's X2; b2: SumOfTwo's W2 or the up weights).
+struct TmaMaps {
+  CUtensorMap a, b, a2, b2;
+};
+
+__device__ __forceinline__ void mbarrierInit(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sharedAddress(bar)), "r"(count)
+               : "memory");
+}
+/// Arrives on `bar` and raises the bytes its phase waits for by `bytes`.
+__device__ __forceinline__ void mbarrierExpectBytes(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sharedAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrierArrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sharedAddress(bar)) : "memory");
+}
+/// Waits for the completion of the phase of `bar` with this parity.
+__device__ __forceinline__ void mbarrierWait(uint64_t *bar, int parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(sharedAddress(bar)), "r"(parity)
+                 : "memory");
+}
+/// A box of `map` at coordinates (c0 innermost, c1[, c2]) into shared `dst`; completes on `bar`.
+__device__ __forceinline__ void tmaLoad(void *dst, const CUtensorMap &map, int c0, int c1, uint64_t *bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+               "{%2, %3}], [%4];\n" ::"r"(sharedAddress(dst)),
+               "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(sharedAddress(bar))
+               : "memory");
+}
+__device__ __forceinline__ void tmaLoad(void *dst, const CUtensorMap &map, int c0, int c1, int c2,
+                                        uint64_t *bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+               "{%2, %3, %4}], [%5];\n" ::"r"(sharedAddress(dst)),
+               "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(sharedAddress(bar))
+               : "memory");
+}
+
+/// findRowTile for one warp, no shared memory or block barrier (the persistent kernel's
+/// warps walk the tiles at their own pace).
+__device__ bool warpFindRowTile(const int64_t *offsets, int experts, int64_t tile, int &expert,
+                                int64_t &rowBegin, int64_t &rowEnd) {
+  int lane = threadIdx.x & 31;
+  int64_t carry = 0;
+  for (int base = 0; base < experts; base += 32) {
+    int e = base + lane;
+    int64_t tiles = 0;
+    if (e < experts) {
+      int64_t rows = offsets[e + 1] - offsets[e];
+      tiles = rows > 0 ? (rows + kBM - 1) / kBM : 0;
+    }
+    int64_t v = tiles; // inclusive scan over the warp
+    for (int d = 1; d < 32; d <<= 1) {
+      int64_t o = __shfl_up_sync(0xffffffffu, v, d);
+      if (lane >= d)
+        v += o;
+    }
+    int64_t first = carry + v - tiles;
+    unsigned mine = __ballot_sync(0xffffffffu, tiles > 0 && tile >= first && tile < first + tiles);
+    if (mine) {
+      int src = __ffs(mine) - 1;
+      expert = base + src;
+      rowBegin = offsets[expert] + (tile - __shfl_sync(0xffffffffu, first, src)) * kBM;
+      rowEnd = offsets[expert + 1];
+      return true;
+    }
+    carry += __shfl_sync(0xffffffffu, v, 31);
+  }
+  return false;
+}
+
+/// Warpgroup 0 (one thread) streams A and B tiles by TMA into a ring of stages; warpgroups 1
+/// and 2 take 64 rows each of the 128 x 128 tile on wgmma and release each stage after its
+/// products. A grid of one CTA per multiprocessor walks the tiles (row tile major, the n tiles
+/// of one row tile together, so X rows and W_e stay in L2).
+template <bool kTransB, typename CT, int kMode>
+__global__ void __launch_bounds__(3 * 128, 1)
+    tmaGroupedKernel(const __grid_constant__ TmaMaps maps, GroupedParams p, WgmmaExtra x) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
+  constexpr int kStageBytes = (kTwoB ? 3 : 2) * kTileBytes;
+  constexpr int kRing = kTwoB ? 4 : 6;
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ uint64_t full[kRing], empty[kRing];
+  uint32_t rawAddress = sharedAddress(smemRaw);
+  unsigned char *smem = smemRaw + ((1024 - (rawAddress & 1023)) & 1023);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRing; ++s) {
+      mbarrierInit(&full[s], 1);  // the producer's arrival (+ the copied bytes)
+      mbarrierInit(&empty[s], 8); // a lane of each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  int64_t nTiles = (p.n + kBN - 1) / kBN;
+  int tilesPerProduct = static_cast<int>((p.k + kBK - 1) / kBK);
+  int numK = kMode == SumOfTwo ? 2 * tilesPerProduct : tilesPerProduct;
+  int warpGroup = threadIdx.x >> 7, lane = threadIdx.x & 31;
+  int use = 0; // uses of the ring so far: stage use % kRing, its round use / kRing
+
+  if (warpGroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x >= 32)
+      return;
+    for (int64_t tile = blockIdx.x;; tile += gridDim.x) {
+      int expert;
+      int64_t rowBegin, rowEnd;
+      if (!warpFindRowTile(p.offsets, p.experts, tile / nTiles, expert, rowBegin, rowEnd))
+        break;
+      int n0 = static_cast<int>((tile % nTiles) * kBN);
+      for (int kt = 0; kt < numK; ++kt, ++use) {
+        int s = use % kRing;
+        mbarrierWait(&empty[s], ((use / kRing) + 1) & 1); // round 0 passes at once
+        if (lane != 0)
+          continue;
+        bool second = kMode == SumOfTwo && kt >= tilesPerProduct;
+        int k0 = (second ? kt - tilesPerProduct : kt) * kBK;
+        unsigned char *sA = smem + s * kStageBytes, *sB = sA + kTileBytes;
+        mbarrierExpectBytes(&full[s], kStageBytes); // whole boxes, zero-filled past the bounds
+        tmaLoad(sA, second ? maps.a2 : maps.a, k0, static_cast<int>(rowBegin), &full[s]);
+        const CUtensorMap &w = second ? maps.b2 : maps.b;
+        if (!kTransB) {
+          tmaLoad(sB, w, k0, n0, expert, &full[s]);
+        } else { // two [64 k][64 n] boxes
+          tmaLoad(sB, w, n0, k0, expert, &full[s]);
+          tmaLoad(sB + 8192, w, n0 + 64, k0, expert, &full[s]);
+        }
+        if (kTwoB)
+          tmaLoad(sB + kTileBytes, maps.b2, k0, n0, expert, &full[s]);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  int consumer = warpGroup - 1; // rows 64 consumer.. of each tile
+  uint32_t smemAddress = sharedAddress(smem);
+  float acc[64], acc2[64];
+  for (int64_t tile = blockIdx.x;; tile += gridDim.x) {
+    int expert;
+    int64_t rowBegin, rowEnd;
+    if (!warpFindRowTile(p.offsets, p.experts, tile / nTiles, expert, rowBegin, rowEnd))
+      break;
+    int64_t n0 = (tile % nTiles) * kBN;
+#pragma unroll
+    for (int i = 0; i < 64; ++i)
+      acc[i] = acc2[i] = 0.0f;
+    for (int kt = 0; kt < numK; ++kt, ++use) {
+      int s = use % kRing;
+      mbarrierWait(&full[s], (use / kRing) & 1);
+      uint32_t aBase = smemAddress + s * kStageBytes + consumer * 64 * 128;
+      uint32_t bBase = smemAddress + s * kStageBytes + kTileBytes;
+      wgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        uint64_t descA = descriptor(aBase + kk * 32, 16, 1024);
+        uint64_t descB = kTransB ? descriptor(bBase + kk * 2048, 8192, 1024)
+                                 : descriptor(bBase + kk * 32, 16, 1024);
+        wgmma128<kTransB>(acc, descA, descB);
+        if (kTwoB)
+          wgmma128<kTransB>(acc2, descA, descriptor(bBase + kTileBytes + kk * 32, 16, 1024));
+      }
+      wgmmaCommit();
+      wgmmaWait<0>(); // (keeping one k tile in flight measured the same)
+      if (lane == 0)
+        mbarrierArrive(&empty[s]);
+    }
+    int mValid = static_cast<int>(minI64(rowEnd - rowBegin, kBM));
+    int nValid = static_cast<int>(minI64(p.n - n0, kBN));
+    storeTile<kMode, CT>(p, x, acc, acc2, consumer, rowBegin, mValid, n0, nValid);
+  }
 #else
   __trap(); // built without sm_90a: the launcher never picks this kernel there
 #endif
 }
 
+/// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
+PFN_cuTensorMapEncodeTiled_v12000 encodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+/// A bf16 tensor map with the 128-byte swizzle: dims / strides (bytes, from the second
+/// dimension on) / box, innermost first.
+CUtensorMap tensorMap(const KernelContext &ctx, const void *base, int rank, const uint64_t *dims,
+                      const uint64_t *strides, const uint32_t *box) {
+  CUtensorMap map;
+  uint32_t elementStrides[3] = {1, 1, 1};
+  CUresult r = encodeTiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void *>(base), dims,
+                             strides, box, elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    ctx.fail("grouped GEMM (wgmma): cannot describe an operand to the tensor memory accelerator "
+             "(cuTensorMapEncodeTiled error " + std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
+
+/// X [rows, k] (row stride ld) in boxes of 128 rows x 64 k.
+CUtensorMap rowsMap(const KernelContext &ctx, const void *x, int64_t rows, int64_t k, int64_t ld) {
+  uint64_t dims[2] = {static_cast<uint64_t>(k), static_cast<uint64_t>(rows)};
+  uint64_t strides[1] = {static_cast<uint64_t>(ld) * 2};
+  uint32_t box[2] = {kBK, kBM};
+  return tensorMap(ctx, x, 2, dims, strides, box);
+}
+
+/// The experts' W_e [n, k] (K-major: boxes 64 k x 128 n) or [k, n] (boxes 64 n x 64 k).
+CUtensorMap weightsMap(const KernelContext &ctx, const void *w, const GroupedParams &p, bool kMajor) {
+  uint64_t dims[3] = {static_cast<uint64_t>(kMajor ? p.k : p.n), static_cast<uint64_t>(kMajor ? p.n : p.k),
+                      static_cast<uint64_t>(p.experts)};
+  uint64_t strides[2] = {static_cast<uint64_t>(p.ldb) * 2, static_cast<uint64_t>(p.bStride) * 2};
+  uint32_t box[3] = {64, kMajor ? 128u : 64u, 1};
+  return tensorMap(ctx, w, 3, dims, strides, box);
+}
+
 template <bool kTransB, typename CT, int kMode>
-void launch(const KernelContext &ctx, dim3 grid, const GroupedParams &p, const WgmmaExtra &x) {
-  auto kernel = wgmmaGroupedKernel<kTransB, CT, kMode>;
+void launchTma(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x, int64_t rows,
+               int64_t tiles) {
+  TmaMaps maps;
+  maps.a = rowsMap(ctx, p.a, rows, p.k, p.lda);
+  maps.b = weightsMap(ctx, p.b, p, !kTransB);
+  if (kMode == SumOfTwo)
+    maps.a2 = rowsMap(ctx, x.a2, rows, p.k, p.lda);
+  if (kMode != Plain)
+    maps.b2 = weightsMap(ctx, x.b2, p, !kTransB);
   constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
-  size_t bytes = size_t(kStages) * (kTwoB ? 3 : 2) * kTileBytes + 1024; // + alignment slack
+  size_t bytes = size_t(kTwoB ? 4 : 6) * (kTwoB ? 3 : 2) * kTileBytes + 1024; // + alignment slack
+  auto kernel = tmaGroupedKernel<kTransB, CT, kMode>;
   cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes));
   if (error != cudaSuccess)
     ctx.fail(std::string("grouped GEMM (wgmma): cannot raise the shared memory limit: ") +
              cudaGetErrorString(error));
-  kernel<<<grid, kGroupedThreads, bytes, streamOf(ctx)>>>(p, x);
-  checkLaunch(ctx, "grouped GEMM (wgmma)");
+  static const int multiprocessors = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return count > 0 ? count : 1;
+  }();
+  unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, multiprocessors));
+  kernel<<<grid, 3 * 128, bytes, streamOf(ctx)>>>(maps, p, x);
+  checkLaunch(ctx, "grouped GEMM (wgmma, TMA)");
 }
 
 template <int kMode>
-void launchMode(const KernelContext &ctx, dim3 grid, const GroupedParams &p, const WgmmaExtra &x,
-                bool transW, plan::DType yType) {
-  // transW: W_e [n, k], K-major like X; else W_e [k, n], MN-major.
-  if (yType == plan::F32)
-    transW ? launch<false, float, kMode>(ctx, grid, p, x) : launch<true, float, kMode>(ctx, grid, p, x);
+void launchTmaMode(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x, bool transW,
+                   plan::DType yType, int64_t rows, int64_t tiles) {
+  if constexpr (kMode == Glu || kMode == GluGrad) // the gate and up weights are [n, k]; bf16 outputs
+    launchTma<false, __nv_bfloat16, kMode>(ctx, p, x, rows, tiles);
+  else if (yType == plan::F32)
+    transW ? launchTma<false, float, kMode>(ctx, p, x, rows, tiles)
+           : launchTma<true, float, kMode>(ctx, p, x, rows, tiles);
   else
-    transW ? launch<false, __nv_bfloat16, kMode>(ctx, grid, p, x)
-           : launch<true, __nv_bfloat16, kMode>(ctx, grid, p, x);
+    transW ? launchTma<false, __nv_bfloat16, kMode>(ctx, p, x, rows, tiles)
+           : launchTma<true, __nv_bfloat16, kMode>(ctx, p, x, rows, tiles);
 }
 
 } // namespace
 
-int64_t wgmmaRowTile() { return kBM; }
-
 void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x,
-                      WgmmaMode mode, bool transW, int64_t rowTiles, plan::DType yType) {
+                      WgmmaMode mode, bool transW, int64_t rows, plan::DType yType) {
   int64_t nTiles = (p.n + kBN - 1) / kBN;
-  if (nTiles > 0x7fffffff || rowTiles > 65535)
-    ctx.fail("grouped GEMM: too large (" + std::to_string(nTiles) + " x " +
-             std::to_string(rowTiles) + " tiles)");
-  dim3 grid(static_cast<unsigned>(nTiles), static_cast<unsigned>(rowTiles));
+  // Σ_e ceil(rows_e / kBM) <= ceil(rows / kBM) + (experts with rows).
+  int64_t rowTiles = (rows + kBM - 1) / kBM + std::min<int64_t>(p.experts, rows);
+  if (rows > 0x7fffffff || nTiles > 0x7fffffff || rowTiles > 65535)
+    ctx.fail("grouped GEMM: too large (" + std::to_string(rows) + " rows, " +
+             std::to_string(nTiles) + " x " + std::to_string(rowTiles) + " tiles)");
+  if (!wgmmaAvailable())
+    ctx.fail("internal: grouped GEMM (wgmma) without the tensor memory accelerator's driver entry");
+  int64_t tiles = nTiles * rowTiles;
   switch (mode) {
   case Plain:
-    return launchMode<Plain>(ctx, grid, p, x, transW, yType);
+    return launchTmaMode<Plain>(ctx, p, x, transW, yType, rows, tiles);
   case SumOfTwo:
-    return launchMode<SumOfTwo>(ctx, grid, p, x, transW, yType);
-  case Glu: // the gate and up weights are [n, k]
-    return launch<false, __nv_bfloat16, Glu>(ctx, grid, p, x);
+    return launchTmaMode<SumOfTwo>(ctx, p, x, transW, yType, rows, tiles);
+  case Glu:
+    return launchTmaMode<Glu>(ctx, p, x, transW, yType, rows, tiles);
   case GluGrad:
-    return launch<false, __nv_bfloat16, GluGrad>(ctx, grid, p, x);
+    return launchTmaMode<GluGrad>(ctx, p, x, transW, yType, rows, tiles);
   }
 }
+
+bool wgmmaAvailable() { return encodeTiled() != nullptr; }
 
 } // namespace moec::runtime::cuda::routing

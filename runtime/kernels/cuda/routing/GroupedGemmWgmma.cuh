@@ -1,8 +1,8 @@
 //===- GroupedGemmWgmma.cuh - the wgmma path of the grouped GEMM row forms -*- CUDA -*-===//
 //
 // Internal to the grouped GEMM (GroupedGemm.cu decides when it applies: bf16
-// operands that allow 16-byte copies). A separate file because it needs the
-// sm_90a target.
+// operands that allow 16-byte copies, wgmmaAvailable()). A separate file
+// because it needs the sm_90a target.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,8 +16,9 @@
 
 namespace moec::runtime::cuda::routing {
 
-/// Rows per CTA tile of the wgmma kernel (sizes the grid's row tiles).
-int64_t wgmmaRowTile();
+/// Whether the wgmma kernels can run: the driver gives cuTensorMapEncodeTiled (CUDA 12 and
+/// later drivers do). Else the callers keep to GroupedGemm.cu's mma.sync kernels.
+bool wgmmaAvailable();
 
 /// What a launch computes, per expert e (X = p.a, W = p.b, Y = p.c):
 enum WgmmaMode : int {
@@ -37,10 +38,10 @@ struct WgmmaExtra {
 };
 
 /// Runs `mode` for every expert (p as groupedGemm fills it; transW: W_e [n, k]);
-/// rowTiles bounds the row tiles of all experts at wgmmaRowTile() rows each.
+/// rows: the rows of the row-indexed buffers (X, X2, Y), offsets[experts] <= rows.
 /// yType: F32 or BF16 (Glu, GluGrad: BF16 outputs).
 void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x,
-                      WgmmaMode mode, bool transW, int64_t rowTiles, plan::DType yType);
+                      WgmmaMode mode, bool transW, int64_t rows, plan::DType yType);
 
 } // namespace moec::runtime::cuda::routing
 
