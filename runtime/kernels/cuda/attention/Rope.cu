@@ -30,27 +30,29 @@ __global__ void __launch_bounds__(kRopeThreads)
     ropeCosSin(r, i, position, cs[i], sn[i]);
   __syncthreads();
   const int dim = 2 * r.half;
-  const int64_t base = t * features;
-  for (int64_t f = threadIdx.x; f < features; f += blockDim.x) {
-    int64_t h0 = f - f % headDim; // the head's first feature
-    int e = static_cast<int>(f - h0);
-    float value;
-    if (e >= dim) {
-      value = ld(x, base + f);
-    } else if (!backward) { // RopeTable::rotate: y[i], y[i + half] from the pair of slot i
-      int i = e < r.half ? e : e - r.half;
-      float a = ld(x, base + h0 + (r.interleaved ? 2 * i : i));
-      float b = ld(x, base + h0 + (r.interleaved ? 2 * i + 1 : i + r.half));
-      value = e < r.half ? __fsub_rn(__fmul_rn(a, cs[i]), __fmul_rn(b, sn[i]))
-                         : __fadd_rn(__fmul_rn(b, cs[i]), __fmul_rn(a, sn[i]));
-    } else { // RopeTable::rotateBack: dx[a slot], dx[b slot] from dy[i], dy[i + half]
-      int i = r.interleaved ? e / 2 : (e < r.half ? e : e - r.half);
-      bool first = r.interleaved ? (e % 2) == 0 : e < r.half;
-      float g0 = ld(x, base + h0 + i), g1 = ld(x, base + h0 + i + r.half);
-      value = first ? __fadd_rn(__fmul_rn(g0, cs[i]), __fmul_rn(g1, sn[i]))
-                    : __fsub_rn(__fmul_rn(g1, cs[i]), __fmul_rn(g0, sn[i]));
+  const int64_t heads = features / headDim;
+  // Head by head: a feature's place e in its head needs no 64-bit division.
+  for (int64_t head = 0; head < heads; ++head) {
+    const int64_t h0 = t * features + head * headDim; // the head's first feature
+    for (int e = threadIdx.x; e < headDim; e += blockDim.x) {
+      float value;
+      if (e >= dim) {
+        value = ld(x, h0 + e);
+      } else if (!backward) { // RopeTable::rotate: y[i], y[i + half] from the pair of slot i
+        int i = e < r.half ? e : e - r.half;
+        float a = ld(x, h0 + (r.interleaved ? 2 * i : i));
+        float b = ld(x, h0 + (r.interleaved ? 2 * i + 1 : i + r.half));
+        value = e < r.half ? __fsub_rn(__fmul_rn(a, cs[i]), __fmul_rn(b, sn[i]))
+                           : __fadd_rn(__fmul_rn(b, cs[i]), __fmul_rn(a, sn[i]));
+      } else { // RopeTable::rotateBack: dx[a slot], dx[b slot] from dy[i], dy[i + half]
+        int i = r.interleaved ? e / 2 : (e < r.half ? e : e - r.half);
+        bool first = r.interleaved ? (e % 2) == 0 : e < r.half;
+        float g0 = ld(x, h0 + i), g1 = ld(x, h0 + i + r.half);
+        value = first ? __fadd_rn(__fmul_rn(g0, cs[i]), __fmul_rn(g1, sn[i]))
+                      : __fsub_rn(__fmul_rn(g1, cs[i]), __fmul_rn(g0, sn[i]));
+      }
+      st(y, h0 + e, value);
     }
-    st(y, base + f, value);
   }
 }
 

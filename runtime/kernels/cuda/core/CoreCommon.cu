@@ -166,6 +166,60 @@ void splitProducts(const KernelContext &ctx, Workspace &ws, bool transA, bool tr
   checkLaunch(ctx, "sum of the planes' products");
 }
 
+/// The plane pairs whose products sum to an f32 x f32 product to about f32 precision: hi hi,
+/// hi mid, mid hi, hi lo, lo hi, mid mid (the three dropped are below 2^-24 of it).
+constexpr int kPlanePairs = 6;
+__constant__ int kPlaneOfA[kPlanePairs] = {0, 0, 1, 0, 2, 1};
+__constant__ int kPlaneOfB[kPlanePairs] = {0, 1, 0, 2, 0, 1};
+
+/// Plane p (0 hi, 1 mid, 2 lo) of an f32 value (splitKernel's planes).
+__device__ __forceinline__ __nv_bfloat16 planeOf(float v, int p) {
+  __nv_bfloat16 hi = __float2bfloat16(v);
+  if (p == 0)
+    return hi;
+  float rest = isfinite(v) ? v - __bfloat162float(hi) : 0.0f;
+  __nv_bfloat16 mid = __float2bfloat16(rest);
+  return p == 1 ? mid : __float2bfloat16(rest - __bfloat162float(mid));
+}
+
+/// op(A) [m, k] as [m, 6k] bf16 (aSide; block q of k columns: plane kPlaneOfA[q]), or op(B)
+/// [k, n] as [6k, n] (block q of k rows: plane kPlaneOfB[q]); the f32 matrix has row stride ld.
+__global__ void stackPlanesKernel(const float *in, int64_t ld, bool trans, bool aSide, int64_t k,
+                                  int64_t other, __nv_bfloat16 *out) {
+  int64_t n = kPlanePairs * k * other;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // aSide: out[r][q k + l] = plane(op(A)[r][l]); else out[q k + l][c] = plane(op(B)[l][c]).
+    int64_t row = i / (aSide ? kPlanePairs * k : other), col = i % (aSide ? kPlanePairs * k : other);
+    int64_t q = aSide ? col / k : row / k, l = aSide ? col % k : row % k, o = aSide ? row : col;
+    // op(A)[o][l] is A[o][l] (A[l][o] transposed); op(B)[l][o] is B[l][o] (B[o][l]).
+    bool rowIsO = aSide ? !trans : trans;
+    float v = rowIsO ? in[o * ld + l] : in[l * ld + o];
+    out[i] = planeOf(v, aSide ? kPlaneOfA[q] : kPlaneOfB[q]);
+  }
+}
+
+/// C = alpha op(A) op(B) + beta C for f32 A and B with a small k: both as bf16 planes stacked
+/// along k (six plane pairs), so one tensor-core product sums the pairs in f32 and writes C in
+/// its type directly (for a bf16 C: no f32 copy of C; no f32 product on the CUDA cores).
+void stackedPlaneProducts(const KernelContext &ctx, Workspace &ws, bool transA, bool transB,
+                          int64_t m, int64_t n, int64_t k, float alpha, const Matrix &a, int64_t lda,
+                          const Matrix &b, int64_t ldb, float beta, void *c, plan::DType cType) {
+  auto *aStack = ws.alloc<__nv_bfloat16>(kPlanePairs * k * m);
+  auto *bStack = ws.alloc<__nv_bfloat16>(kPlanePairs * k * n);
+  stackPlanesKernel<<<gridFor(kPlanePairs * k * m), kThreads, 0, streamOf(ctx)>>>(
+      static_cast<const float *>(a.p), lda, transA, true, k, m, aStack);
+  stackPlanesKernel<<<gridFor(kPlanePairs * k * n), kThreads, 0, streamOf(ctx)>>>(
+      static_cast<const float *>(b.p), ldb, transB, false, k, n, bStack);
+  checkLaunch(ctx, "stack bf16 planes");
+  gemm(ctx, false, false, m, n, kPlanePairs * k, alpha, aStack, kPlanePairs * k, bStack, n, plan::BF16,
+       beta, c, n, cType);
+}
+
+/// Up to this k, an f32 x f32 product goes through stackedPlaneProducts: its stacked copies
+/// ((m + n) 6k values) stay small next to the m n output.
+constexpr int64_t kStackedPlanesMaxK = 128;
+
 } // namespace
 
 void fillFloats(const KernelContext &ctx, FloatOut out, int64_t n, float value) {
@@ -205,6 +259,9 @@ void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, 
   }
   if (split)
     return splitProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, cType);
+  if (a.dtype == plan::F32 && b.dtype == plan::F32 && k <= kStackedPlanesMaxK) // LoRA's rank-k
+    return stackedPlaneProducts(ctx, ws, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                cType);
   if (cType == plan::F32 || cType == abType) {
     gemm(ctx, transA, transB, m, n, k, alpha, pa, lda, pb, ldb, abType, beta, c, n, cType);
     return;

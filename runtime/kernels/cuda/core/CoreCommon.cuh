@@ -160,8 +160,10 @@ struct Matrix {
 /// smaller, is split into three bf16 planes (hi + mid + lo: its value to the last
 /// bits) stacked side by side, one tensor-core product gives the three parts (the
 /// bf16 operand read once) and a kernel sums them into C; else the bf16 one is
-/// widened to f32 in scratch. When that product is f32 and C bf16 it goes through an
-/// f32 copy of C.
+/// widened to f32 in scratch. An f32 x f32 product with a small k (an f32 adapter's,
+/// LoRA rank k) runs as one bf16 tensor-core product of both operands' planes
+/// stacked along k (six plane pairs, about f32 precision), into C's type directly;
+/// with a larger k, an f32 product (into a bf16 C through an f32 copy).
 void gemmAny(const KernelContext &ctx, Workspace &ws, bool transA, bool transB, int64_t m,
              int64_t n, int64_t k, float alpha, Matrix a, int64_t lda, Matrix b, int64_t ldb,
              float beta, void *c, plan::DType cType);

@@ -158,6 +158,31 @@ TEST(CudaLora, MixedStorageTypes) {
   }
 }
 
+// With f32 adapters, LoRA's result and input gradient are f32 x f32 products with k = rank:
+// bf16 planes of both operands stacked along k, one tensor-core product (gemmAny). With f32
+// outputs they must keep f32 precision (a product at bf16 precision is ~4e-3 off).
+TEST(CudaLora, F32AdapterProductsKeepF32Precision) {
+  SKIP_WITHOUT_GPU();
+  for (const LoraCase &c : kLoraCases) {
+    CudaCompareOptions f32Adapter;
+    f32Adapter.f32Inputs = {1, 2};
+    f32Adapter.f32Outputs = {0};
+    f32Adapter.tolerance = 1e-5;
+    expectMatchesCpuIn(
+        plan::BF16, [&] { return loraCall(c.rows, c.in, c.rank, c.out, c.scale, 9); },
+        name(c) + " f32 adapter and result at 1e-5", f32Adapter);
+    CudaCompareOptions f32InputGrad = f32Adapter;
+    f32InputGrad.f32Inputs = {1, 2, 3};
+    expectMatchesCpuIn(
+        plan::BF16,
+        [&] {
+          KernelCall forward = loraCall(c.rows, c.in, c.rank, c.out, c.scale, 10);
+          return backwardOf(forward, {0}, {{0, randomTensor({c.rows, c.out}, 63)}});
+        },
+        name(c) + " f32 adapter, input gradient at 1e-5", f32InputGrad);
+  }
+}
+
 TEST(CudaLora, BackwardMatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (const LoraCase &c : kLoraCases)
