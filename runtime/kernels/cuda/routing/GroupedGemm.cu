@@ -302,25 +302,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 2) bf16GroupedKernel(Params p)
         int nLocal = wn + j * 8 + 2 * t;
         if (nLocal >= nValid)
           continue;
-        CT *out = row + n0 + nLocal;
-        float v0 = alpha * acc[i][j][half * 2], v1 = alpha * acc[i][j][half * 2 + 1];
-        // Both columns in one store where they exist and the address allows it.
-        if (nLocal + 1 < nValid && reinterpret_cast<uintptr_t>(out) % (2 * sizeof(CT)) == 0) {
-          if (beta != 0.0f) {
-            v0 = fmaf(beta, loadC(out), v0);
-            v1 = fmaf(beta, loadC(out + 1), v1);
-          }
-          storePair(out, v0, v1);
-        } else {
-          if (beta != 0.0f)
-            v0 = fmaf(beta, loadC(out), v0);
-          *out = fromFloat<CT>(v0);
-          if (nLocal + 1 < nValid) {
-            if (beta != 0.0f)
-              v1 = fmaf(beta, loadC(out + 1), v1);
-            out[1] = fromFloat<CT>(v1);
-          }
-        }
+        storeTwo(row + n0 + nLocal, nLocal + 1 < nValid, alpha * acc[i][j][half * 2],
+                 alpha * acc[i][j][half * 2 + 1], beta);
       }
     }
 }

@@ -42,6 +42,28 @@ __device__ __forceinline__ void storePair(__nv_bfloat16 *c, float v0, float v1) 
   *reinterpret_cast<__nv_bfloat162 *>(c) = __floats2bfloat162_rn(v0, v1);
 }
 
+/// out[0] = v0 (+ beta out[0]) and, when `both`, out[1] = v1 (+ beta out[1]); beta == 0 never
+/// reads the output. Both in one store where the address allows it.
+template <typename CT>
+__device__ __forceinline__ void storeTwo(CT *out, bool both, float v0, float v1, float beta) {
+  if (both && reinterpret_cast<uintptr_t>(out) % (2 * sizeof(CT)) == 0) {
+    if (beta != 0.0f) {
+      v0 = fmaf(beta, loadC(out), v0);
+      v1 = fmaf(beta, loadC(out + 1), v1);
+    }
+    storePair(out, v0, v1);
+    return;
+  }
+  if (beta != 0.0f)
+    v0 = fmaf(beta, loadC(out), v0);
+  *out = fromFloat<CT>(v0);
+  if (both) {
+    if (beta != 0.0f)
+      v1 = fmaf(beta, loadC(out + 1), v1);
+    out[1] = fromFloat<CT>(v1);
+  }
+}
+
 } // namespace moec::runtime::cuda::routing
 
 #endif // RUNTIME_KERNELS_CUDA_ROUTING_GROUPEDGEMMTILES_CUH_

@@ -163,24 +163,8 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
       int nLocal = j * 8 + 2 * (lane & 3);
       if (nLocal >= nValid)
         continue;
-      CT *out = c + row * p.ldc + n0 + nLocal;
-      float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
-      if (nLocal + 1 < nValid && reinterpret_cast<uintptr_t>(out) % (2 * sizeof(CT)) == 0) {
-        if (beta != 0.0f) {
-          v0 = fmaf(beta, loadC(out), v0);
-          v1 = fmaf(beta, loadC(out + 1), v1);
-        }
-        storePair(out, v0, v1);
-      } else {
-        if (beta != 0.0f)
-          v0 = fmaf(beta, loadC(out), v0);
-        *out = fromFloat<CT>(v0);
-        if (nLocal + 1 < nValid) {
-          if (beta != 0.0f)
-            v1 = fmaf(beta, loadC(out + 1), v1);
-          out[1] = fromFloat<CT>(v1);
-        }
-      }
+      storeTwo(c + row * p.ldc + n0 + nLocal, nLocal + 1 < nValid, alpha * acc[4 * j + 2 * h],
+               alpha * acc[4 * j + 2 * h + 1], beta);
     }
   }
 }
