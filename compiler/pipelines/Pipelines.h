@@ -37,7 +37,7 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
                      "lora_dropout, target_modules and use_rslora replace the lora options"),
       llvm::cl::init("")};
   Option<std::string> recompute{*this, "recompute",
-                                llvm::cl::desc("none or per-layer (see --moe-build-training-step)"),
+                                llvm::cl::desc("none, regather or per-layer (see --moe-build-training-step)"),
                                 llvm::cl::init("none")};
   Option<double> lr{*this, "lr", llvm::cl::desc("Peak learning rate"), llvm::cl::init(1e-4)};
   Option<int64_t> warmupSteps{*this, "warmup-steps", llvm::cl::desc("Linear warmup steps"),

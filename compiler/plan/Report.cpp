@@ -65,8 +65,15 @@ void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &
   }
   auto recompute = model->getAttrOfType<StringAttr>("recompute");
   os << "recompute: " << (recompute ? recompute.getValue() : "none");
-  if (auto layers = model->getAttrOfType<DenseI64ArrayAttr>("recompute_layers"))
-    os << " (" << layers.size() << " layer(s))";
+  auto recomputed = model->getAttrOfType<DenseI64ArrayAttr>("recompute_layers");
+  auto regathered = model->getAttrOfType<DenseI64ArrayAttr>("regather_layers");
+  if (recomputed)
+    os << " (" << recomputed.size() << " layer(s) recomputed";
+  if (regathered)
+    os << (recomputed ? ", " : " (") << regathered.size()
+       << " gather their experts' token copies again in the backward";
+  if (recomputed || regathered)
+    os << ")";
   os << "\n\n";
 
   // FLOPs: rows are kernels (a backward under its forward's name), columns phases.

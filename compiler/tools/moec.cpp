@@ -132,7 +132,11 @@ int runCompile(int argc, char **argv) {
   cl::opt<double> loraDropout("lora-dropout", cl::desc("Adapter input dropout"), cl::init(0.0));
   cl::opt<int64_t> seqLen("seq-len", cl::desc("Tokens per sequence"), cl::init(4096));
   cl::opt<int64_t> microBatch("micro-batch", cl::desc("Sequences per step"), cl::init(1));
-  cl::opt<std::string> recompute("recompute", cl::desc("none or per-layer"), cl::init("none"));
+  cl::opt<std::string> recompute(
+      "recompute",
+      cl::desc("none, regather (MoE layers gather their tokens' expert copies again in the "
+               "backward instead of saving them) or per-layer"),
+      cl::init("none"));
   cl::opt<std::string> memoryCap("memory-cap",
                                  cl::desc("Most bytes per GPU, e.g. 80GiB; layers recompute "
                                           "until the plan fits"));

@@ -32,10 +32,13 @@ private:
     Recompute policy;
     if (recompute == "none")
       policy = Recompute::None;
+    else if (recompute == "regather")
+      policy = Recompute::Regather;
     else if (recompute == "per-layer")
       policy = Recompute::PerLayer;
     else
-      return model.emitError("moe-build-training-step: recompute must be none or per-layer, got '")
+      return model.emitError("moe-build-training-step: recompute must be none, regather or "
+                             "per-layer, got '")
              << recompute << "'";
     auto forward = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "forward"));
     if (!forward)

@@ -58,7 +58,15 @@ LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Valu
 }
 
 StringRef toString(Recompute policy) {
-  return policy == Recompute::None ? "none" : "per-layer";
+  switch (policy) {
+  case Recompute::None:
+    return "none";
+  case Recompute::Regather:
+    return "regather";
+  case Recompute::PerLayer:
+    return "per-layer";
+  }
+  llvm_unreachable("a recompute policy");
 }
 
 namespace {
@@ -66,6 +74,11 @@ namespace {
 /// Results that decide which experts or keys a token uses. Saved even under
 /// recomputation: re-deciding them could pick different experts in the backward.
 bool isRouting(Operation *op) { return isa<moe::RouterOp, moe::DSAIndexerOp>(op); }
+
+/// Whether a forward op's results are read by an op of the backward.
+bool readByBackward(Operation *op, const llvm::SmallPtrSetImpl<Operation *> &isForward) {
+  return llvm::any_of(op->getUsers(), [&](Operation *user) { return !isForward.contains(user); });
+}
 
 moe::LayerOp cloneTemplate(moe::LayerOp layer, StringRef name, IRMapping &mapping) {
   auto copy = cast<moe::LayerOp>(layer->clone(mapping));
@@ -76,7 +89,17 @@ moe::LayerOp cloneTemplate(moe::LayerOp layer, StringRef name, IRMapping &mappin
 } // namespace
 
 FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute policy) {
-  std::string suffix = policy == Recompute::None ? "" : "_recompute";
+  if (policy == Recompute::Regather) {
+    bool any = false;
+    layer.walk([&](moe::DispatchOp dispatch) {
+      any |= llvm::any_of(dispatch->getUsers(), [](Operation *user) { return isa<moe::ExpertMLPOp>(user); });
+    });
+    if (!any) // nothing to gather again: the saving pair
+      return getOrBuildLayerTraining(layer, Recompute::None);
+  }
+  std::string suffix = policy == Recompute::None       ? ""
+                       : policy == Recompute::Regather ? "_regather"
+                                                       : "_recompute";
   std::string forwardName = (layer.getSymName() + "_fwd" + suffix).str();
   std::string backwardName = (layer.getSymName() + "_bwd" + suffix).str();
   Operation *model = layer->getParentOp();
@@ -138,15 +161,23 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   llvm::DenseMap<Value, Value> toForwardValue;
   for (auto [original, copy] : toBackward.getValueMap())
     toForwardValue[copy] = original;
+  // Regather: the dispatches the backward reads stay in it (recomputed); what they read is
+  // saved in their place.
+  llvm::SmallPtrSet<Operation *, 4> regathered;
+  if (policy == Recompute::Regather)
+    for (Operation *op : forwardOps)
+      if (isa<moe::DispatchOp>(op) && readByBackward(op, isForward))
+        regathered.insert(op);
   SmallVector<Value> saved;
   for (Operation *op : forwardOps) {
     if (isa<moe::WeightOp>(op))
       continue;
     for (Value result : op->getResults()) {
       bool usedByBackward = llvm::any_of(result.getUsers(), [&](Operation *user) {
-        return !isForward.contains(user);
+        return !isForward.contains(user) || regathered.contains(user);
       });
-      bool keep = policy == Recompute::None ? usedByBackward : isRouting(op) && !result.use_empty();
+      bool keep = policy == Recompute::PerLayer ? isRouting(op) && !result.use_empty()
+                                                : usedByBackward && !regathered.contains(op);
       if (keep)
         saved.push_back(result);
     }

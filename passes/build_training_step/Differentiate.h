@@ -30,6 +30,9 @@ mlir::LogicalResult differentiate(llvm::ArrayRef<mlir::Operation *> ops,
 /// What the backward of a layer keeps from its forward.
 enum class Recompute {
   None,     ///< save every forward value the backward reads
+  Regather, ///< as None, but a dispatch whose copies the backward reads gathers them again
+            ///< there (from the saved tokens and routing) instead of saving them: top-k
+            ///< copies of every token are the largest saved value of an MoE layer
   PerLayer, ///< save only the inputs and the routing; re-run the rest
 };
 
@@ -44,7 +47,9 @@ struct LayerTraining {
 };
 
 /// Builds, or finds when built before, the training templates of `layer` for
-/// `policy`: `@<layer>_fwd`/`_bwd`, or `@<layer>_fwd_recompute`/`_bwd_recompute`.
+/// `policy`: `@<layer>_fwd`/`_bwd`, `@<layer>_fwd_regather`/`_bwd_regather`, or
+/// `@<layer>_fwd_recompute`/`_bwd_recompute`. Regather on a layer without such a
+/// dispatch gives the None pair.
 /// Saved routing (router weights and indices, sparse-attention indices) is
 /// never recomputed; recomputed forward ops carry the `recomputed` attribute.
 mlir::FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute policy);

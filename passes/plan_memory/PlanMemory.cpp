@@ -40,23 +40,28 @@ std::string formatBytes(int64_t bytes) {
   return llvm::formatv("{0:F2} GiB", static_cast<double>(bytes) / (1ull << 30)).str();
 }
 
-/// Training-forward calls of @train_step that still save everything, in layer order.
-SmallVector<moe::ApplyLayerOp> savingLayers(func::FuncOp step) {
+/// Training-forward calls of @train_step whose layers save more than `policy` would, in layer
+/// order: with Regather the layers that save everything, with PerLayer those and the
+/// regathering ones.
+SmallVector<moe::ApplyLayerOp> savingLayers(func::FuncOp step, Recompute policy) {
   SmallVector<moe::ApplyLayerOp> calls;
   for (auto apply : step.getBody().getOps<moe::ApplyLayerOp>()) {
     auto layer = SymbolTable::lookupNearestSymbolFrom<moe::LayerOp>(apply, apply.getCalleeAttr());
-    auto policy = layer ? layer->getAttrOfType<StringAttr>("recompute") : StringAttr();
-    if (policy && policy.getValue() == "none" && layer->hasAttr(moe::kBackwardTemplateAttr))
+    auto current = layer ? layer->getAttrOfType<StringAttr>("recompute") : StringAttr();
+    if (!current || !layer->hasAttr(moe::kBackwardTemplateAttr))
+      continue;
+    if (current.getValue() == "none" ||
+        (policy == Recompute::PerLayer && current.getValue() == "regather"))
       calls.push_back(apply);
   }
   return calls;
 }
 
-/// Replaces the first `count` saving layers' forward/backward pair with the recompute pair.
-LogicalResult recomputeFirstLayers(moe::ModelOp model, size_t count) {
+/// Replaces the forward/backward pair of the first `count` layers that save more than
+/// `policy` with the pair of `policy`, and records which layers recompute or regather.
+LogicalResult switchFirstLayers(moe::ModelOp model, size_t count, Recompute policy) {
   auto step = cast<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
-  SmallVector<moe::ApplyLayerOp> calls = savingLayers(step);
-  SmallVector<int64_t> switched;
+  SmallVector<moe::ApplyLayerOp> calls = savingLayers(step, policy);
   for (moe::ApplyLayerOp forward : ArrayRef(calls).take_front(count)) {
     auto training = cast<moe::LayerOp>(SymbolTable::lookupSymbolIn(model, forward.getCalleeAttr()));
     auto original = dyn_cast_or_null<moe::LayerOp>(SymbolTable::lookupSymbolIn(
@@ -68,9 +73,11 @@ LogicalResult recomputeFirstLayers(moe::ModelOp model, size_t count) {
         backward = apply;
     if (!original || !backward)
       return forward.emitOpError("is not a training layer call built by --moe-build-training-step");
-    FailureOr<LayerTraining> pair = getOrBuildLayerTraining(original, Recompute::PerLayer);
+    FailureOr<LayerTraining> pair = getOrBuildLayerTraining(original, policy);
     if (failed(pair))
       return failure();
+    if (pair->forward == training) // a layer without experts: regathering changes nothing
+      continue;
     OpBuilder b(forward);
     auto newForward = b.create<moe::ApplyLayerOp>(
         forward.getLoc(), pair->forward.getResultTypes(), pair->forward.getSymName(),
@@ -86,16 +93,35 @@ LogicalResult recomputeFirstLayers(moe::ModelOp model, size_t count) {
     backward.replaceAllUsesWith(newBackward);
     backward.erase();
     forward.erase();
-    switched.push_back(static_cast<int64_t>(newForward.getIndex()));
   }
   // Training templates no layer uses any more.
   for (auto layer : llvm::make_early_inc_range(model.getBody().getOps<moe::LayerOp>()))
     if (layer->hasAttr("recompute") && SymbolTable::symbolKnownUseEmpty(layer, model))
       layer->erase();
+  // Which layers do what now.
+  SmallVector<int64_t> byPolicy[3]; // none, regather, per-layer
+  for (auto apply : step.getBody().getOps<moe::ApplyLayerOp>()) {
+    auto layer = SymbolTable::lookupNearestSymbolFrom<moe::LayerOp>(apply, apply.getCalleeAttr());
+    auto current = layer ? layer->getAttrOfType<StringAttr>("recompute") : StringAttr();
+    if (!current || !layer->hasAttr(moe::kBackwardTemplateAttr))
+      continue;
+    int which = current.getValue() == "none" ? 0 : current.getValue() == "regather" ? 1 : 2;
+    byPolicy[which].push_back(static_cast<int64_t>(apply.getIndex()));
+  }
   Builder b(model.getContext());
-  bool all = savingLayers(step).empty();
-  model->setAttr("recompute", b.getStringAttr(all ? "per-layer" : "mixed"));
-  model->setAttr("recompute_layers", b.getDenseI64ArrayAttr(switched));
+  bool mixed = (!byPolicy[0].empty()) + (!byPolicy[1].empty()) + (!byPolicy[2].empty()) > 1;
+  model->setAttr("recompute", b.getStringAttr(mixed                  ? "mixed"
+                                              : !byPolicy[2].empty() ? "per-layer"
+                                              : !byPolicy[1].empty() ? "regather"
+                                                                     : "none"));
+  if (!byPolicy[1].empty())
+    model->setAttr("regather_layers", b.getDenseI64ArrayAttr(byPolicy[1]));
+  else
+    model->removeAttr("regather_layers");
+  if (!byPolicy[2].empty())
+    model->setAttr("recompute_layers", b.getDenseI64ArrayAttr(byPolicy[2]));
+  else
+    model->removeAttr("recompute_layers");
   return success();
 }
 
@@ -112,7 +138,7 @@ private:
   FailureOr<int64_t> peakWithRecompute(moe::ModelOp model, size_t count) {
     // A trial on a copy: the model changes only once the count is chosen.
     OwningOpRef<moe::ModelOp> copy(cast<moe::ModelOp>(model->clone()));
-    if (failed(recomputeFirstLayers(*copy, count)))
+    if (failed(switchFirstLayers(*copy, count, Recompute::PerLayer)))
       return failure();
     FailureOr<compiler::Program> program = compiler::buildProgram(*copy, seqLen, microBatch);
     if (failed(program))
@@ -140,8 +166,19 @@ private:
                 "--recompute per-layer, or a shorter --seq-len)";
 
     if (cap && program->peakBytes() > *cap) {
+      // First what costs a gather per MoE layer in the backward: its experts' token copies.
       auto step = cast<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
-      size_t layers = savingLayers(step).size();
+      if (failed(switchFirstLayers(model, savingLayers(step, Recompute::Regather).size(),
+                                   Recompute::Regather)))
+        return failure();
+      program = compiler::buildProgram(model, seqLen, microBatch);
+      if (failed(program))
+        return failure();
+      compiler::assignOffsets(*program);
+    }
+    if (cap && program->peakBytes() > *cap) {
+      auto step = cast<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "train_step"));
+      size_t layers = savingLayers(step, Recompute::PerLayer).size();
       FailureOr<int64_t> least = layers ? peakWithRecompute(model, layers) : program->peakBytes();
       if (failed(least))
         return failure();
@@ -159,7 +196,7 @@ private:
           return failure();
         (*peak <= *cap ? hi : lo) = *peak <= *cap ? mid : mid + 1;
       }
-      if (failed(recomputeFirstLayers(model, lo)))
+      if (failed(switchFirstLayers(model, lo, Recompute::PerLayer)))
         return failure();
       program = compiler::buildProgram(model, seqLen, microBatch);
       if (failed(program))

@@ -23,8 +23,11 @@ def PlanMemoryPass : Pass<"moe-plan-memory", "::moec::moe::ModelOp"> {
     to the peak.
 
     With `memory-cap` (bytes, or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB),
-    a plan above the cap switches layers to per-layer recomputation, first
-    layers first (their saved values live longest), until it fits; the
+    a plan above the cap first lets every MoE layer gather its experts' token
+    copies again in the backward instead of saving them (the `regather`
+    pair of `--moe-build-training-step`; `regather_layers` lists the layers);
+    if that is not enough, it switches layers to per-layer recomputation,
+    first layers first (their saved values live longest), until it fits; the
     `recompute_layers` attribute lists them. If even full recomputation
     does not fit, the pass fails and says how many bytes are missing.
 

@@ -128,8 +128,9 @@ void checkHeader(const Plan &plan, Problems &problems) {
   if (plan.micro_batch() <= 0)
     problems.add("micro_batch is ", plan.micro_batch(), ", expected > 0");
   const std::string &recompute = plan.recompute();
-  if (recompute != "none" && recompute != "per-layer" && recompute != "mixed")
-    problems.add("recompute is ", quoted(recompute), ", expected \"none\", \"per-layer\" or \"mixed\"");
+  if (recompute != "none" && recompute != "regather" && recompute != "per-layer" && recompute != "mixed")
+    problems.add("recompute is ", quoted(recompute),
+                 ", expected \"none\", \"regather\", \"per-layer\" or \"mixed\"");
 
   const Mesh &mesh = plan.mesh();
   const std::pair<const char *, int32_t> axes[] = {

@@ -97,7 +97,7 @@ TEST_F(PlanValidatorTest, RejectsMeshThatDoesNotMatchTheRanks) {
 
 TEST_F(PlanValidatorTest, RejectsUnknownRecompute) {
   plan.set_recompute("sometimes");
-  EXPECT_THAT(messageOf(plan), HasSubstr("recompute is \"sometimes\", expected \"none\", \"per-layer\" or \"mixed\""));
+  EXPECT_THAT(messageOf(plan), HasSubstr("recompute is \"sometimes\", expected \"none\", \"regather\", \"per-layer\" or \"mixed\""));
 }
 
 TEST_F(PlanValidatorTest, RejectsBufferIdNotAtItsIndex) {

@@ -1,7 +1,7 @@
 //===- moe_align.cpp - MoEC against the Hugging Face golden references ----===//
 //
 //   moe-align DIR [--backend cpu|cuda] [--dtype float32|bfloat16] [--golden FILE]
-//             [--plan PLAN [--base-plan UNFUSED_PLAN]]
+//             [--plan PLAN [--base-plan UNFUSED_PLAN] | --recompute POLICY]
 //             [--cpu-threads N] [--dump FILE]
 //
 // DIR holds config.json, model.safetensors, adapter/ and golden.safetensors
@@ -29,6 +29,8 @@
 // The adapter runs use the default, fused plan: its loss and gradients are
 // what training computes. With --plan, every run uses that plan (a fused one
 // has no logits line) unless --base-plan gives the base run its own (unfused).
+// --recompute compiles with that policy (moec --recompute: none, regather,
+// per-layer): what the backward saves or recomputes must not change a number.
 //
 //===----------------------------------------------------------------------===//
 
@@ -102,7 +104,7 @@ int main(int argc, char **argv) {
   std::string planPath = args.get("plan"), basePlanPath = args.get("base-plan"),
               backend = args.get("backend", "cpu"),
               dtype = args.get("dtype", "float32"), dumpPath = args.get("dump"),
-              goldenPath = args.get("golden");
+              goldenPath = args.get("golden"), recompute = args.get("recompute");
   int64_t cpuThreads = 0;
   std::string error;
   if (!args.integer("cpu-threads", 0, cpuThreads, error))
@@ -111,9 +113,12 @@ int main(int argc, char **argv) {
     return fail("unknown flag(s): " + unknown.front());
   if (!basePlanPath.empty() && planPath.empty())
     return fail("--base-plan goes with --plan (without --plan, moe-align compiles both)");
+  if (!recompute.empty() && !planPath.empty())
+    return fail("--recompute is for the plans moe-align compiles, not with --plan");
   if (args.positional.size() != 1)
     return fail("usage: moe-align DIR [--backend cpu|cuda] [--dtype float32|bfloat16] [--golden FILE] "
-                "[--plan PLAN [--base-plan UNFUSED_PLAN]] [--cpu-threads N] [--dump FILE]");
+                "[--plan PLAN [--base-plan UNFUSED_PLAN] | --recompute POLICY] [--cpu-threads N] "
+                "[--dump FILE]");
   std::string dir = args.positional[0];
   if (dtype != "float32" && dtype != "bfloat16")
     return fail("--dtype must be float32 or bfloat16, got '" + dtype + "'");
@@ -156,6 +161,8 @@ int main(int argc, char **argv) {
                                          "-o", planFile};
     if (!fuse)
       moecArgs.push_back("--no-fuse");
+    if (!recompute.empty())
+      moecArgs.insert(moecArgs.end(), {"--recompute", recompute});
     if (absl::Status compiled = runMoecCompile(moecArgs); !compiled.ok())
       return compiled;
     return plan::loadPlan(planFile);

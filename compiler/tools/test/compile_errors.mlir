@@ -15,7 +15,7 @@
 // TARGET: error: moe-inject-lora: target(s) q_prj match no projection; the model's projections are: k_proj, o_proj, q_proj, v_proj
 // TARGET: moec: error: compiling {{.*}}golden_qwen3_moe.json failed (see the diagnostics above)
 // CAP: error: moe-plan-memory: the step needs {{[0-9.]+}} GiB with every layer recomputed, above the cap of 0.00 GiB
-// POLICY: error: moe-build-training-step: recompute must be none or per-layer, got 'sometimes'
+// POLICY: error: moe-build-training-step: recompute must be none, regather or per-layer, got 'sometimes'
 // EMIT: Cannot find option named 'binary'!
 // NOMODEL: moec: error: {{.*}}compile_errors.mlir: no moe.model in the module
 // COMMAND: moec: error: unknown command 'frobnicate'

@@ -1,5 +1,6 @@
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step))' | FileCheck %s
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{recompute=per-layer lr=2e-4 warmup-steps=5 total-steps=50}))' | FileCheck %s --check-prefix=RECOMPUTE
+// RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{recompute=regather}))' | FileCheck %s --check-prefix=REGATHER
 // RUN: not moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{recompute=always}))' 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-build-training-step))' 2>&1 | FileCheck %s --check-prefix=TWICE
 // RUN: not moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{total-steps=0}))' 2>&1 | FileCheck %s --check-prefix=STEPS
@@ -49,7 +50,21 @@
 // RECOMPUTE-LABEL: func.func @train_step
 // RECOMPUTE: moe.optimizer {{{.*}}lr = 2.000000e-04 : f64{{.*}}total_steps = 50 : i64, warmup_steps = 5 : i64
 
-// POLICY: error: moe-build-training-step: recompute must be none or per-layer, got 'always'
+// Regather: the forward saves what `none` saves but the dispatch's expert copies (it saves the
+// normed tokens and the routing the dispatch reads instead); the backward gathers the copies
+// again, marked `recomputed`, and nothing else of the forward runs twice.
+// REGATHER: moe.model @tiny attributes {recompute = "regather"}
+// REGATHER-LABEL: moe.layer @block_bwd_regather(
+// REGATHER-NOT: moe.rms_norm %
+// REGATHER-NOT: moe.expert_mlp %
+// REGATHER: %[[TOK:.*]], %[[CNT:.*]] = moe.dispatch %{{.*}}, %{{.*}} {{{.*}}recomputed}
+// REGATHER-NOT: moe.expert_mlp %
+// REGATHER: moe.backward "moe.expert_mlp"(%[[TOK]], %[[CNT]],
+// REGATHER-LABEL: func.func @train_step
+// REGATHER: moe.apply_layer @block_fwd_regather[0]
+// REGATHER: moe.apply_layer @block_bwd_regather[0]
+
+// POLICY: error: moe-build-training-step: recompute must be none, regather or per-layer, got 'always'
 // TWICE: error: moe-build-training-step: the model already has @train_step
 // STEPS: error: 'moe.optimizer' op need 0 <= warmup_steps <= total_steps and total_steps > 0, got 10 and 0
 // FROZEN: error: moe-build-training-step: no parameter is trainable; run --moe-inject-lora first
