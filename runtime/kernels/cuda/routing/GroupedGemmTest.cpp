@@ -144,8 +144,18 @@ void run(Case c) {
   int64_t lda = aCols + c.pad, ldb = bCols + c.pad, ldc = cCols + c.pad;
   int64_t bCount = rows ? experts : 1, cCount = rows ? 1 : experts;
 
-  Buffer a(c.ab, randomFloats(c.totalRows * lda, c.seed));
-  Buffer b(c.ab, randomFloats(bCount * bRows * ldb, c.seed + 1));
+  // Rows no expert owns and the rows' padding hold NaN: kernels may read them (TMA copies
+  // whole 128-row boxes) but nothing they hold may reach an output.
+  auto poisonUnowned = [&](std::vector<float> values, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < static_cast<int64_t>(values.size()) / ld; ++r)
+      for (int64_t q = 0; q < ld; ++q)
+        if (r < offsets[0] || r >= offsets[experts] || q >= cols)
+          values[r * ld + q] = NAN;
+    return values;
+  };
+  Buffer a(c.ab, poisonUnowned(randomFloats(c.totalRows * lda, c.seed), aCols, lda));
+  Buffer b(c.ab, rows ? randomFloats(bCount * bRows * ldb, c.seed + 1)
+                      : poisonUnowned(randomFloats(bCount * bRows * ldb, c.seed + 1), bCols, ldb));
   std::vector<float> cInit = c.beta == 0 ? std::vector<float>(cCount * cRows * ldc, NAN)
                                          : randomFloats(cCount * cRows * ldc, c.seed + 2);
   Buffer out(c.c, cInit);
