@@ -57,10 +57,14 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     dispatched tokens, `moe.tp_exit` on the partial output before
     `moe.combine` (on bf16 data the partial outputs are f32 and the exit
     rounds their sum once, where one GPU's expert MLP rounds its output).
-    Everything else (MLA, DSA, linear attention, dense MLPs, shared
-    experts) stays whole: every tp rank computes it; an attention or
-    expert MLP that cannot split is named in a warning, and a model with
-    nothing to split fails.
+    Dense MLPs (a dense layer's, the shared experts'; a `moe.glu` or
+    `moe.activation` of projections that a projection reads) split their
+    intermediate features by the attention's rules: gate and up (and their
+    adapters' B) by rows, down (and its adapter's A) by columns, one
+    `moe.tp_exit` of the partial sum. Everything else (MLA, DSA, linear
+    attention) stays whole: every tp rank computes it; an attention or MLP
+    that cannot split is named in a warning, and a model with nothing to
+    split fails.
 
     Pipeline parallel (`pp`) changes nothing here: `--moe-schedule-pipeline`
     splits the training step into stages.

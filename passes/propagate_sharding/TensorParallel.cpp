@@ -1,4 +1,4 @@
-//===- TensorParallel.cpp - attention heads and experts over tp ----------===//
+//===- TensorParallel.cpp - attention heads, MLPs and experts over tp ----===//
 //
 // The sharding rules, per op, of a split attention (value states: replicated, split along
 // the feature dimension by heads, or a partial sum over the tp ranks):
@@ -13,6 +13,10 @@
 //   add of partials                                 -> partial
 // A replicated value enters through moe.tp_enter (its gradient is summed over tp) and a
 // partial one leaves through moe.tp_exit (the sum over tp) where a replicated value is read.
+//
+// Dense MLPs (dense layers, shared experts) split their intermediate features as attention
+// splits heads: gate and up projections split on out, moe.glu / moe.activation of splits is
+// split, the down projection (and its adapter) split on in gives partial sums.
 //
 // Routed experts (not split over ep) split their intermediate features the same way:
 //   expert_mlp(tokens replicated, up/gate [E, I, D] split on I, down [E, D, I] split on I)
@@ -34,9 +38,11 @@ using namespace mlir;
 
 RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()); }
 
-/// What splitting one attention changes; collected before anything changes.
+/// What splitting one attention (its heads) or one MLP (its intermediate features) changes;
+/// collected before anything changes.
 struct HeadSplit {
-  moe::AttentionOp attention;
+  moe::AttentionOp attention; // or null: an MLP's activation (moe.glu, moe.activation)
+  Operation *mlp = nullptr;
   llvm::SetVector<Operation *> region;   // computing q, k, v from replicated values (retyped)
   llvm::SetVector<Operation *> gates;    // after the attention, still split (retyped)
   llvm::SetVector<Value> inputs;         // the replicated values the region's projections read
@@ -48,24 +54,39 @@ struct HeadSplit {
 
 class Analysis {
 public:
-  Analysis(moe::AttentionOp attention, int64_t ranks) : ranks(ranks) { plan.attention = attention; }
+  Analysis(moe::AttentionOp attention, int64_t ranks) : ranks(ranks), inputsName("q/k/v") {
+    plan.attention = attention;
+  }
+  /// An MLP: `activation` (moe.glu or moe.activation) of projections of a replicated value.
+  Analysis(Operation *activation, int64_t ranks) : ranks(ranks), inputsName("gate/up") {
+    plan.mlp = activation;
+  }
 
-  /// Empty when the attention splits; otherwise why not.
+  /// Empty when the attention (or MLP) splits; otherwise why not.
   std::string run() {
-    moe::AttentionOp attention = plan.attention;
-    if (attention.getNumHeads() % ranks || attention.getNumKvHeads() % ranks)
-      return "its " + std::to_string(attention.getNumHeads()) + " heads and " +
-             std::to_string(attention.getNumKvHeads()) + " key/value heads do not split over tp = " +
-             std::to_string(ranks);
-    if (attention.getSinks())
-      return "it has attention sinks";
-    for (Value operand : {attention.getQuery(), attention.getKey(), attention.getValue()})
-      if (!intoRegion(operand))
-        return why;
+    Operation *center = plan.mlp;
+    if (moe::AttentionOp attention = plan.attention) {
+      center = attention;
+      if (attention.getNumHeads() % ranks || attention.getNumKvHeads() % ranks)
+        return "its " + std::to_string(attention.getNumHeads()) + " heads and " +
+               std::to_string(attention.getNumKvHeads()) + " key/value heads do not split over tp = " +
+               std::to_string(ranks);
+      if (attention.getSinks())
+        return "it has attention sinks";
+      for (Value operand : {attention.getQuery(), attention.getKey(), attention.getValue()})
+        if (!intoRegion(operand))
+          return why;
+    } else {
+      if (tensorType(center->getResult(0)).getDimSize(1) % ranks)
+        return "its intermediate size does not split over tp = " + std::to_string(ranks);
+      for (Value operand : center->getOperands())
+        if (!intoRegion(operand))
+          return why;
+    }
     // Out: output gates keep the heads split; the output projection and its adapter make
     // partial sums; sums of them stay partial.
     llvm::SetVector<Value> split;
-    split.insert(attention.getResult());
+    split.insert(center->getResult(0));
     for (size_t i = 0; i < split.size(); ++i)
       for (Operation *user : split[i].getUsers())
         if (auto gate = dyn_cast<moe::SigmoidGateOp>(user)) {
@@ -77,8 +98,8 @@ public:
         }
     for (Operation *op : plan.region)
       for (Operation *user : op->getUsers())
-        if (!plan.region.contains(user) && !plan.gates.contains(user) && user != attention.getOperation())
-          return "its q/k/v path (" + op->getName().getStringRef().str() + ") is also read by " +
+        if (!plan.region.contains(user) && !plan.gates.contains(user) && user != center)
+          return "its " + inputsName + " path (" + op->getName().getStringRef().str() + ") is also read by " +
                  user->getName().getStringRef().str();
     for (Value value : split)
       for (Operation *user : value.getUsers()) {
@@ -146,11 +167,12 @@ private:
   bool intoRegion(Value v) {
     Operation *def = v.getDefiningOp();
     if (!def)
-      return fail("its q/k/v come straight from a layer argument");
+      return fail("its " + inputsName + " come straight from a layer argument");
     if (plan.region.contains(def))
       return true;
     if (tensorType(v).getRank() != 2 || tensorType(v).getDimSize(1) % ranks)
-      return fail("a q/k/v value is not [tokens, heads x head_dim]");
+      return fail(plan.attention ? "a q/k/v value is not [tokens, heads x head_dim]"
+                                 : "a gate/up value is not [tokens, features] with features split over tp");
     if (auto rope = dyn_cast<moe::RopeOp>(def)) {
       if (!intoRegion(rope.getInput()))
         return false;
@@ -170,7 +192,7 @@ private:
         return false;
     } else if (auto linear = dyn_cast<moe::LinearOp>(def)) {
       if (linear.getBias())
-        return fail("a q/k/v projection has a bias");
+        return fail("a " + inputsName + " projection has a bias");
       if (!addWeight(linear.getWeight(), 0))
         return false;
       plan.inputs.insert(linear.getInput());
@@ -179,7 +201,7 @@ private:
         return false;
       plan.inputs.insert(lora.getInput());
     } else {
-      return fail("its q/k/v come from " + def->getName().getStringRef().str() +
+      return fail("its " + inputsName + " come from " + def->getName().getStringRef().str() +
                   ", which has no tensor-parallel rule");
     }
     plan.region.insert(def);
@@ -187,6 +209,7 @@ private:
   }
 
   int64_t ranks;
+  std::string inputsName; // what the traced operands are, in messages
   std::string why;
 };
 
@@ -198,7 +221,7 @@ RankedTensorType splitFeatures(Type type, int64_t ranks) {
 }
 
 void apply(HeadSplit &plan, int64_t ranks) {
-  MLIRContext *context = plan.attention.getContext();
+  MLIRContext *context = (plan.mlp ? plan.mlp : plan.attention.getOperation())->getContext();
   OpBuilder b(context);
   StringAttr tp = b.getStringAttr("tp");
   for (auto [weight, dim] : plan.splits) {
@@ -221,18 +244,30 @@ void apply(HeadSplit &plan, int64_t ranks) {
   }
   for (Operation *gate : plan.gates)
     gate->getResult(0).setType(splitFeatures(gate->getResult(0).getType(), ranks));
-  moe::AttentionOp attention = plan.attention;
   // Where the region's collectives come from (their location; --emit=report lists it).
-  auto layer = attention->getParentOfType<moe::LayerOp>();
-  Location because = NameLoc::get(
-      b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s attention split over tp = {2} ({3} per rank)",
-                                    attention.getNumHeads(), layer ? layer.getSymName() : "model", ranks,
-                                    attention.getNumHeads() / ranks)
-                          .str()),
-      attention.getLoc());
-  attention.setNumHeads(attention.getNumHeads() / ranks);
-  attention.setNumKvHeads(attention.getNumKvHeads() / ranks);
-  attention.getResult().setType(splitFeatures(attention.getType(), ranks));
+  Location because = plan.mlp ? plan.mlp->getLoc() : plan.attention.getLoc();
+  if (moe::AttentionOp attention = plan.attention) {
+    auto layer = attention->getParentOfType<moe::LayerOp>();
+    because = NameLoc::get(
+        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s attention split over tp = {2} ({3} per rank)",
+                                      attention.getNumHeads(), layer ? layer.getSymName() : "model", ranks,
+                                      attention.getNumHeads() / ranks)
+                            .str()),
+        attention.getLoc());
+    attention.setNumHeads(attention.getNumHeads() / ranks);
+    attention.setNumKvHeads(attention.getNumKvHeads() / ranks);
+    attention.getResult().setType(splitFeatures(attention.getType(), ranks));
+  } else {
+    auto layer = plan.mlp->getParentOfType<moe::LayerOp>();
+    Value h = plan.mlp->getResult(0);
+    because = NameLoc::get(
+        b.getStringAttr(llvm::formatv("the {0} intermediate features of @{1}'s MLP split over tp = {2}",
+                                      tensorType(h).getDimSize(1), layer ? layer.getSymName() : "model",
+                                      ranks)
+                            .str()),
+        plan.mlp->getLoc());
+    h.setType(splitFeatures(h.getType(), ranks));
+  }
   for (Value input : plan.inputs) {
     if (Operation *def = input.getDefiningOp())
       b.setInsertionPointAfter(def);
@@ -353,6 +388,26 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
       continue;
     }
     splitExpertFeatures(mlp, ranks);
+    report.split.push_back(name);
+  }
+  // Dense MLPs (a dense layer's, the shared experts'): an activation of projections whose
+  // output a projection reads.
+  SmallVector<Operation *> activations;
+  model.walk([&](Operation *op) {
+    if (isa<moe::GluOp, moe::ActivationOp>(op) &&
+        llvm::any_of(op->getUsers(), [](Operation *user) { return isa<moe::LinearOp>(user); }))
+      activations.push_back(op);
+  });
+  for (Operation *activation : activations) {
+    auto layer = activation->getParentOfType<moe::LayerOp>();
+    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (mlp)";
+    Analysis analysis(activation, ranks);
+    std::string why = analysis.run();
+    if (!why.empty()) {
+      report.kept.push_back({name, why});
+      continue;
+    }
+    apply(analysis.plan, ranks);
     report.split.push_back(name);
   }
   return report;

@@ -8,6 +8,7 @@
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=3}))' 2>&1 | FileCheck %s --check-prefix=TP3
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=HEADS
+// RUN: moe-opt %inputs/dense_mlp.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=up_proj,down_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MLP
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
@@ -75,7 +76,7 @@
 // TP-NEXT: %[[Y:.*]] = moe.expert_mlp %[[IN]], %counts, up %{{.*}}, down %{{.*}} {{.*}} : (tensor<?x16xf32>, tensor<4xi64>, tensor<4x4x16xf32>, tensor<4x16x4xf32>) -> tensor<?x16xf32>
 // TP-NEXT: %[[SUM:.*]] = moe.tp_exit %[[Y]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
 // TP-NEXT: moe.combine %[[SUM]]
-// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention) and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
+// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
 // heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the
@@ -108,3 +109,24 @@
 // BAD: error: --moe-propagate-sharding: mesh 'dp=x': size of dp must be a whole number >= 1, not 'x'
 // AFTER: error: --moe-propagate-sharding: runs before --moe-build-training-step (the step differentiates through the collectives); the model already has @train_step
 // TWICE: error: --moe-propagate-sharding: the model is placed already (mesh = "dp=2")
+
+// A dense MLP over tp = 2 splits its 32 intermediate features: gate, up and the up adapter's B
+// on out, down and the down adapter's A on in; the adapters' other factors are replicated with
+// gradients summed over tp. The norm's output enters once, the down projection and its adapter
+// are partial sums added before one moe.tp_exit, then the residual.
+// MLP: moe.param @mlp_gate_proj {{.*}} : tensor<32x16xf32> sharding #moe.sharding<[tp, _]>
+// MLP: moe.param @mlp_up_proj {{.*}} : tensor<32x16xf32> sharding #moe.sharding<[tp, _]>
+// MLP: moe.param @mlp_up_proj_lora_A {{.*}} trainable : tensor<4x16xf32> {moe.tp_partial_grad}
+// MLP: moe.param @mlp_up_proj_lora_B {{.*}} trainable : tensor<32x4xf32> sharding #moe.sharding<[tp, _]>
+// MLP: moe.param @mlp_down_proj {{.*}} : tensor<16x32xf32> sharding #moe.sharding<[_, tp]>
+// MLP: moe.param @mlp_down_proj_lora_A {{.*}} trainable : tensor<4x32xf32> sharding #moe.sharding<[_, tp]>
+// MLP: moe.param @mlp_down_proj_lora_B {{.*}} trainable : tensor<16x4xf32> {moe.tp_partial_grad}
+// MLP: %[[N:.*]] = moe.rms_norm
+// MLP-NEXT: %[[IN:.*]] = moe.tp_enter %[[N]] {axis = "tp"} : tensor<?x16xf32>
+// MLP: moe.linear %[[IN]], {{.*}} -> tensor<?x16xf32>
+// MLP: %[[H:.*]] = moe.glu {{.*}} : tensor<?x16xf32>
+// MLP: %[[D:.*]] = moe.linear %[[H]], {{.*}} : (tensor<?x16xf32>, tensor<16x16xf32>) -> tensor<?x16xf32>
+// MLP: %[[DL:.*]] = moe.lora %[[H]]
+// MLP: %[[SUM:.*]] = moe.add %[[D]], %[[DL]]
+// MLP-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"}
+// MLP-NEXT: moe.add %arg0, %[[OUT]]
