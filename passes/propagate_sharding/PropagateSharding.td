@@ -53,10 +53,13 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     Replicated adapters read inside (A of q, B of o) get
     `moe.tp_partial_grad`: `--moe-sync-gradients` sums them over tp too.
     Expert MLPs not split over ep split their intermediate features (up and
-    gate by rows, down by columns of each expert): `moe.tp_enter` on the
-    dispatched tokens, `moe.tp_exit` on the partial output before
-    `moe.combine` (on bf16 data the partial outputs are f32 and the exit
-    rounds their sum once, where one GPU's expert MLP rounds its output).
+    gate by rows, down by columns of each expert). Dispatch and combine are
+    linear in the tokens, so `moe.tp_enter` goes before the `moe.dispatch`
+    and `moe.tp_exit` after the `moe.combine` (whose router weights enter
+    too: their gradient from partial outputs is partial): the all-reduces
+    carry a row per token, not a row per expert copy (on bf16 data the
+    partial outputs and the combine are f32 and the exit rounds their sum
+    once, where one GPU rounds its combine's output).
     Dense MLPs (a dense layer's, the shared experts'; a `moe.glu` or
     `moe.activation` of projections that a projection reads) split their
     intermediate features by the attention's rules: gate and up (and their

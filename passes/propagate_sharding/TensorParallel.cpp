@@ -20,7 +20,9 @@
 //
 // Routed experts (not split over ep) split their intermediate features the same way:
 //   expert_mlp(tokens replicated, up/gate [E, I, D] split on I, down [E, D, I] split on I)
-//     -> partial (each rank's share of every expert's output), summed before moe.combine.
+//     -> partial (each rank's share of every expert's output)
+//   dispatch(x replicated), combine(partial, weights replicated) -> partial (both linear), so
+//     x enters before the dispatch and the sum is taken after the combine.
 //
 //===----------------------------------------------------------------------===//
 
@@ -348,16 +350,36 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
                                     layer ? layer.getSymName() : "model", ranks)
                           .str()),
       mlp.getLoc());
-  b.setInsertionPoint(mlp);
-  mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(because, mlp.getTokens(), tp));
-  b.setInsertionPointAfter(mlp);
+  // Dispatch and combine are linear in the tokens: when they serve only this MLP, the tokens
+  // enter before the dispatch and the partial outputs leave after the combine, so both
+  // all-reduces (the exit's forward, the enter's backward) carry [tokens, features] instead of
+  // top-k copies of every token. The combine's weights then enter too: their gradient from a
+  // rank's partial outputs is partial.
+  auto dispatch = mlp.getTokens().getDefiningOp<moe::DispatchOp>();
+  if (dispatch && mlp.getTokens().hasOneUse()) {
+    b.setInsertionPoint(dispatch);
+    dispatch.getInputMutable().assign(b.create<moe::TpEnterOp>(because, dispatch.getInput(), tp));
+  } else {
+    b.setInsertionPoint(mlp);
+    mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(because, mlp.getTokens(), tp));
+  }
+  auto combine = mlp.getResult().hasOneUse() ? dyn_cast<moe::CombineOp>(*mlp->user_begin()) : moe::CombineOp();
+  Operation *partial = combine ? combine.getOperation() : mlp.getOperation();
+  if (combine) {
+    b.setInsertionPoint(combine);
+    combine.getWeightsMutable().assign(b.create<moe::TpEnterOp>(because, combine.getWeights(), tp));
+  }
   // On narrower data each rank's partial output stays f32, and the sum over tp is rounded once:
-  // the rounding one GPU's expert MLP makes of its output.
-  auto type = cast<RankedTensorType>(mlp.getType());
-  if (!type.getElementType().isF32())
-    mlp.getResult().setType(type.clone(b.getF32Type()));
-  auto exit = b.create<moe::TpExitOp>(because, type, mlp.getResult(), tp);
-  mlp.getResult().replaceAllUsesExcept(exit.getResult(), exit);
+  // the rounding one GPU's expert MLP (and combine) makes of its output.
+  Type f32 = b.getF32Type();
+  auto type = cast<RankedTensorType>(partial->getResult(0).getType());
+  if (!type.getElementType().isF32()) {
+    mlp.getResult().setType(cast<RankedTensorType>(mlp.getType()).clone(f32));
+    partial->getResult(0).setType(type.clone(f32));
+  }
+  b.setInsertionPointAfter(partial);
+  auto exit = b.create<moe::TpExitOp>(because, type, partial->getResult(0), tp);
+  partial->getResult(0).replaceAllUsesExcept(exit.getResult(), exit);
 }
 
 FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {

@@ -71,11 +71,15 @@
 // summed over tp) to a partial output, summed before the combine (moe.tp_exit).
 // TP: moe.param @up {{.*}} : tensor<4x8x16xf32> sharding #moe.sharding<[_, tp, _]>
 // TP-NEXT: moe.param @down {{.*}} : tensor<4x16x8xf32> sharding #moe.sharding<[_, _, tp]>
-// TP: %tokens, %counts = moe.dispatch
-// TP: %[[IN:.*]] = moe.tp_enter %tokens {axis = "tp"} : tensor<?x16xf32>
-// TP-NEXT: %[[Y:.*]] = moe.expert_mlp %[[IN]], %counts, up %{{.*}}, down %{{.*}} {{.*}} : (tensor<?x16xf32>, tensor<4xi64>, tensor<4x4x16xf32>, tensor<4x16x4xf32>) -> tensor<?x16xf32>
-// TP-NEXT: %[[SUM:.*]] = moe.tp_exit %[[Y]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
-// TP-NEXT: moe.combine %[[SUM]]
+// The tokens enter before the dispatch and the partial sums leave after the combine (both are
+// linear in the tokens: the all-reduces carry one row per token, not one per expert copy); the
+// combine's weights enter too (their gradient from partial outputs is partial).
+// TP: %[[IN:.*]] = moe.tp_enter %{{.*}} {axis = "tp"} : tensor<?x16xf32>
+// TP-NEXT: %tokens, %counts = moe.dispatch %[[IN]], %indices
+// TP: %[[Y:.*]] = moe.expert_mlp %tokens, %counts, up %{{.*}}, down %{{.*}} {{.*}} : (tensor<?x16xf32>, tensor<4xi64>, tensor<4x4x16xf32>, tensor<4x16x4xf32>) -> tensor<?x16xf32>
+// TP-NEXT: %[[W:.*]] = moe.tp_enter %weights {axis = "tp"} : tensor<?x2xf32>
+// TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %[[W]]
+// TP-NEXT: moe.tp_exit %[[C]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
 // TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
