@@ -64,7 +64,10 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     `moe.activation` of projections that a projection reads) split their
     intermediate features by the attention's rules: gate and up (and their
     adapters' B) by rows, down (and its adapter's A) by columns, one
-    `moe.tp_exit` of the partial sum. Everything else (MLA, DSA, linear
+    `moe.tp_exit` of the partial sum. Regions that read one value share
+    its `moe.tp_enter`, and two partial sums added together leave through
+    one `moe.tp_exit` of their sum (a shared expert's next to the routed
+    experts'). Everything else (MLA, DSA, linear
     attention) stays whole: every tp rank computes it; an attention or MLP
     that cannot split is named in a warning, and a model with nothing to
     split fails.

@@ -382,6 +382,43 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
   partial->getResult(0).replaceAllUsesExcept(exit.getResult(), exit);
 }
 
+/// One moe.tp_enter per value and axis: a value two split regions read (the normed tokens of a
+/// shared expert and of the routed experts) has its gradients from both summed over tp by one
+/// all-reduce in the backward.
+void mergeEnters(moe::ModelOp model) {
+  llvm::DenseMap<std::pair<Value, Attribute>, moe::TpEnterOp> first;
+  SmallVector<moe::TpEnterOp> enters;
+  model.walk([&](moe::TpEnterOp enter) { enters.push_back(enter); });
+  for (moe::TpEnterOp enter : enters) { // walk order: each block's ops in order
+    auto [it, inserted] = first.try_emplace({enter.getInput(), enter.getAxisAttr()}, enter);
+    if (inserted || it->second->getBlock() != enter->getBlock())
+      continue;
+    enter.getResult().replaceAllUsesWith(it->second.getResult());
+    enter.erase();
+  }
+}
+
+/// add(tp_exit(a), tp_exit(b)) -> tp_exit(add(a, b)): two partial sums read only by their sum
+/// (a shared expert's and the routed experts' outputs) summed over tp by one all-reduce; on
+/// narrower data the partials are f32 and the sum is rounded once.
+void mergeExits(moe::ModelOp model) {
+  SmallVector<moe::AddOp> adds;
+  model.walk([&](moe::AddOp add) { adds.push_back(add); });
+  for (moe::AddOp add : adds) {
+    auto lhs = add.getLhs().getDefiningOp<moe::TpExitOp>(), rhs = add.getRhs().getDefiningOp<moe::TpExitOp>();
+    if (!lhs || !rhs || lhs == rhs || !lhs->hasOneUse() || !rhs->hasOneUse() ||
+        lhs.getAxis() != rhs.getAxis() || lhs.getInput().getType() != rhs.getInput().getType())
+      continue;
+    OpBuilder b(add);
+    auto sum = b.create<moe::AddOp>(add.getLoc(), lhs.getInput(), rhs.getInput());
+    auto exit = b.create<moe::TpExitOp>(lhs.getLoc(), add.getType(), sum.getResult(), lhs.getAxisAttr());
+    add.getResult().replaceAllUsesWith(exit.getResult());
+    add.erase();
+    lhs.erase();
+    rhs.erase();
+  }
+}
+
 FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {
   HeadSplitReport report;
   SmallVector<moe::AttentionOp> attentions;
@@ -432,6 +469,8 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
     apply(analysis.plan, ranks);
     report.split.push_back(name);
   }
+  mergeEnters(model);
+  mergeExits(model);
   return report;
 }
 

@@ -8,6 +8,7 @@
 // RUN: moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=TP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=3}))' 2>&1 | FileCheck %s --check-prefix=TP3
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=HEADS
+// RUN: moe-opt %inputs/parallel_mlps.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MERGE
 // RUN: moe-opt %inputs/dense_mlp.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=up_proj,down_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MLP
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
@@ -134,3 +135,15 @@
 // MLP: %[[SUM:.*]] = moe.add %[[D]], %[[DL]]
 // MLP-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"}
 // MLP-NEXT: moe.add %arg0, %[[OUT]]
+
+// Two split MLPs of one input, summed: one moe.tp_enter for both (one all-reduce of the input's
+// gradient) and one moe.tp_exit of the sum of their partial outputs.
+// MERGE: %[[IN:.*]] = moe.tp_enter %{{.*}} {axis = "tp"} : tensor<?x16xf32>
+// MERGE-NOT: moe.tp_enter
+// MERGE: moe.glu {{.*}} : tensor<?x16xf32>
+// MERGE: moe.linear %[[IN]], {{.*}} -> tensor<?x8xf32>
+// MERGE: moe.activation {{.*}} : tensor<?x8xf32>
+// MERGE: %[[SUM:.*]] = moe.add
+// MERGE-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"}
+// MERGE-NEXT: moe.add %arg0, %[[OUT]]
+// MERGE-NOT: moe.tp_exit
