@@ -54,8 +54,9 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       return signalPassFailure();
   }
 
-  /// Tensor parallel: every attention whose projections can be traced splits its heads, every
-  /// dense MLP and every expert MLP not split over ep its intermediate features; the rest stays
+  /// Tensor parallel: every attention (grouped-query or latent) whose projections can be traced
+  /// splits its heads, every dense MLP and every expert MLP not split over ep its intermediate
+  /// features; the rest stays
   /// replicated (each tp rank computes it), with a warning naming what and why.
   LogicalResult splitHeads(moe::ModelOp model, int64_t ranks) {
     FailureOr<HeadSplitReport> report = splitAttentionHeads(model, ranks);
@@ -63,10 +64,12 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       return failure();
     if (report->split.empty()) {
       InFlightDiagnostic error = model.emitError("--moe-propagate-sharding: tp = ")
-                                 << ranks << " splits attention heads (moe.attention), dense MLPs and expert MLPs, and ";
+                                 << ranks
+                                 << " splits attention heads (moe.attention, moe.mla, moe.sparse_attention), dense MLPs "
+                                    "and expert MLPs, and ";
       if (report->kept.empty())
-        error << "this model has none to split (MLA, DSA and linear attention are not split over tp yet; "
-                 "experts split over ep stay whole)";
+        error << "this model has none to split (linear attention is not split over tp yet; experts split "
+                 "over ep stay whole)";
       for (const auto &[what, why] : report->kept)
         error << "@" << what << " cannot: " << why << "; ";
       return error;

@@ -60,6 +60,11 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     carry a row per token, not a row per expert copy (on bf16 data the
     partial outputs and the combine are f32 and the exit rounds their sum
     once, where one GPU rounds its combine's output).
+    Latent attention (`moe.mla`, DSA's `moe.sparse_attention`) splits its
+    heads likewise: query and key_value projections by rows, the output
+    projection by columns; the rotated key part, shared by every head,
+    enters as a replicated value (its gradient is summed over tp), and the
+    DSA indexer stays whole.
     Dense MLPs (a dense layer's, the shared experts'; a `moe.glu` or
     `moe.activation` of projections that a projection reads) split their
     intermediate features by the attention's rules: gate and up (and their
@@ -67,8 +72,8 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     `moe.tp_exit` of the partial sum. Regions that read one value share
     its `moe.tp_enter`, and two partial sums added together leave through
     one `moe.tp_exit` of their sum (a shared expert's next to the routed
-    experts'). Everything else (MLA, DSA, linear
-    attention) stays whole: every tp rank computes it; an attention or MLP
+    experts'). Everything else (linear attention, the DSA indexer) stays
+    whole: every tp rank computes it; an attention or MLP
     that cannot split is named in a warning, and a model with nothing to
     split fails.
 

@@ -14,6 +14,11 @@
 // A replicated value enters through moe.tp_enter (its gradient is summed over tp) and a
 // partial one leaves through moe.tp_exit (the sum over tp) where a replicated value is read.
 //
+// Latent attention (moe.mla, moe.sparse_attention) splits its heads the same way: query and
+// key_value projections split on out; the rotated key part, shared by every head, enters as a
+// replicated value (its gradient summed over tp); positions and DSA's selections are integers
+// every rank has (the indexer stays whole).
+//
 // Dense MLPs (dense layers, shared experts) split their intermediate features as attention
 // splits heads: gate and up projections split on out, moe.glu / moe.activation of splits is
 // split, the down projection (and its adapter) split on in gives partial sums.
@@ -43,8 +48,9 @@ RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()
 /// What splitting one attention (its heads) or one MLP (its intermediate features) changes;
 /// collected before anything changes.
 struct HeadSplit {
-  moe::AttentionOp attention; // or null: an MLP's activation (moe.glu, moe.activation)
-  Operation *mlp = nullptr;
+  moe::AttentionOp attention; // or null: one of the two below
+  Operation *mla = nullptr;   // moe.mla or moe.sparse_attention (heads split, key_rope shared)
+  Operation *mlp = nullptr;   // an MLP's activation (moe.glu, moe.activation)
   llvm::SetVector<Operation *> region;   // computing q, k, v from replicated values (retyped)
   llvm::SetVector<Operation *> gates;    // after the attention, still split (retyped)
   llvm::SetVector<Value> inputs;         // the replicated values the region's projections read
@@ -59,15 +65,31 @@ public:
   Analysis(moe::AttentionOp attention, int64_t ranks) : ranks(ranks), inputsName("q/k/v") {
     plan.attention = attention;
   }
-  /// An MLP: `activation` (moe.glu or moe.activation) of projections of a replicated value.
-  Analysis(Operation *activation, int64_t ranks) : ranks(ranks), inputsName("gate/up") {
-    plan.mlp = activation;
+  /// An MLP: `activation` (moe.glu or moe.activation) of projections of a replicated value;
+  /// or multi-head latent attention (moe.mla, moe.sparse_attention).
+  Analysis(Operation *op, int64_t ranks) : ranks(ranks) {
+    if (isa<moe::MLAOp, moe::SparseAttentionOp>(op)) {
+      plan.mla = op;
+      inputsName = "query/key_value";
+    } else {
+      plan.mlp = op;
+      inputsName = "gate/up";
+    }
   }
 
   /// Empty when the attention (or MLP) splits; otherwise why not.
   std::string run() {
-    Operation *center = plan.mlp;
-    if (moe::AttentionOp attention = plan.attention) {
+    Operation *center = plan.mlp ? plan.mlp : plan.mla;
+    if (plan.mla) {
+      // The query and key_value projections split by heads; the rotated key part is shared by
+      // every head (replicated: it enters the region), positions and selections are integers.
+      int64_t heads = plan.mla->getAttrOfType<IntegerAttr>("num_heads").getInt();
+      if (heads % ranks)
+        return "its " + std::to_string(heads) + " heads do not split over tp = " + std::to_string(ranks);
+      for (unsigned operand : {0u, 2u}) // query, key_value
+        if (!intoRegion(plan.mla->getOperand(operand)))
+          return why;
+    } else if (moe::AttentionOp attention = plan.attention) {
       center = attention;
       if (attention.getNumHeads() % ranks || attention.getNumKvHeads() % ranks)
         return "its " + std::to_string(attention.getNumHeads()) + " heads and " +
@@ -173,8 +195,8 @@ private:
     if (plan.region.contains(def))
       return true;
     if (tensorType(v).getRank() != 2 || tensorType(v).getDimSize(1) % ranks)
-      return fail(plan.attention ? "a q/k/v value is not [tokens, heads x head_dim]"
-                                 : "a gate/up value is not [tokens, features] with features split over tp");
+      return fail(plan.mlp ? "a gate/up value is not [tokens, features] with features split over tp"
+                           : "a " + inputsName + " value is not [tokens, heads x head_dim]");
     if (auto rope = dyn_cast<moe::RopeOp>(def)) {
       if (!intoRegion(rope.getInput()))
         return false;
@@ -223,7 +245,8 @@ RankedTensorType splitFeatures(Type type, int64_t ranks) {
 }
 
 void apply(HeadSplit &plan, int64_t ranks) {
-  MLIRContext *context = (plan.mlp ? plan.mlp : plan.attention.getOperation())->getContext();
+  Operation *center = plan.mlp ? plan.mlp : plan.mla ? plan.mla : plan.attention.getOperation();
+  MLIRContext *context = center->getContext();
   OpBuilder b(context);
   StringAttr tp = b.getStringAttr("tp");
   for (auto [weight, dim] : plan.splits) {
@@ -247,8 +270,21 @@ void apply(HeadSplit &plan, int64_t ranks) {
   for (Operation *gate : plan.gates)
     gate->getResult(0).setType(splitFeatures(gate->getResult(0).getType(), ranks));
   // Where the region's collectives come from (their location; --emit=report lists it).
-  Location because = plan.mlp ? plan.mlp->getLoc() : plan.attention.getLoc();
-  if (moe::AttentionOp attention = plan.attention) {
+  Location because = center->getLoc();
+  if (Operation *mla = plan.mla) {
+    auto layer = mla->getParentOfType<moe::LayerOp>();
+    int64_t heads = mla->getAttrOfType<IntegerAttr>("num_heads").getInt();
+    because = NameLoc::get(
+        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s latent attention split over tp = {2} ({3} per rank)",
+                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
+                            .str()),
+        mla->getLoc());
+    mla->setAttr("num_heads", b.getI64IntegerAttr(heads / ranks));
+    mla->getResult(0).setType(splitFeatures(mla->getResult(0).getType(), ranks));
+    // The shared rotated key: each rank's heads give part of its gradient.
+    b.setInsertionPoint(mla);
+    mla->setOperand(1, b.create<moe::TpEnterOp>(because, mla->getOperand(1), tp).getResult());
+  } else if (moe::AttentionOp attention = plan.attention) {
     auto layer = attention->getParentOfType<moe::LayerOp>();
     because = NameLoc::get(
         b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s attention split over tp = {2} ({3} per rank)",
@@ -427,6 +463,23 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
     auto layer = attention->getParentOfType<moe::LayerOp>();
     std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (attention)";
     Analysis analysis(attention, ranks);
+    std::string why = analysis.run();
+    if (!why.empty()) {
+      report.kept.push_back({name, why});
+      continue;
+    }
+    apply(analysis.plan, ranks);
+    report.split.push_back(name);
+  }
+  SmallVector<Operation *> latents;
+  model.walk([&](Operation *op) {
+    if (isa<moe::MLAOp, moe::SparseAttentionOp>(op))
+      latents.push_back(op);
+  });
+  for (Operation *mla : latents) {
+    auto layer = mla->getParentOfType<moe::LayerOp>();
+    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (latent attention)";
+    Analysis analysis(mla, ranks);
     std::string why = analysis.run();
     if (!why.empty()) {
       report.kept.push_back({name, why});

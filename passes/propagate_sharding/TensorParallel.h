@@ -18,14 +18,16 @@
 
 namespace moec::passes {
 
-/// Which layer templates' attention ("<layer> (attention)"), dense MLPs ("<layer> (mlp)") and
+/// Which layer templates' attention ("<layer> (attention)", "<layer> (latent attention)"), dense
+/// MLPs ("<layer> (mlp)") and
 /// experts ("<layer> (experts)") were split, and for the others why not.
 struct HeadSplitReport {
   std::vector<std::string> split;
   std::vector<std::pair<std::string, std::string>> kept;
 };
 
-/// Splits the heads of every attention, and the intermediate features of every dense and
+/// Splits the heads of every grouped-query and latent attention, and the intermediate features
+/// of every dense and
 /// expert MLP, that can be split over `ranks` tp ranks (the model's `mesh` attribute must be set). Fails
 /// only on IR it cannot rewrite after checking it.
 mlir::FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks);

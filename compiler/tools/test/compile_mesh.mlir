@@ -13,6 +13,8 @@
 // RUN:   --mesh tp=2 --emit=plan-text | FileCheck %s --check-prefix=TP
 // RUN: moec compile %inputs/golden_qwen3_moe.json --dtype bfloat16 --seq-len 96 --mesh ep=2 --emit=mlir \
 // RUN:   | FileCheck %s --check-prefix=WIDE
+// RUN: moec compile %root/models/deepseek-v3/config.json --seq-len 64 --mesh tp=8 --emit=report \
+// RUN:   | FileCheck %s --check-prefix=LATENT
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
 
@@ -100,3 +102,12 @@
 // TP: bind {{.*}} "model.layers.0.self_attn.q_proj.weight" slice [32+32,0+64]
 // TP: bind {{.*}} "model.layers.0.self_attn.o_proj.weight" slice [0+64,32+32]
 // TWICE: moec: error: --mesh 'ep=2,ep=4': axis ep is given twice
+
+// DeepSeek-V3 over tp = 8: multi-head latent attention splits its 128 heads, the dense layers'
+// MLPs and the shared experts their intermediate features, the routed experts theirs.
+// LATENT: where they come from (--moe-propagate-sharding):
+// LATENT-DAG: the 128 heads of @mla_dense's latent attention split over tp = 8 (16 per rank): all_reduce x{{[0-9]+}}
+// LATENT-DAG: the 18432 intermediate features of @mla_dense's MLP split over tp = 8: all_reduce x{{[0-9]+}}
+// LATENT-DAG: the 128 heads of @mla_moe's latent attention split over tp = 8 (16 per rank): all_reduce x{{[0-9]+}}
+// LATENT-DAG: the intermediate features of @mla_moe's experts split over tp = 8: all_reduce x{{[0-9]+}}
+// LATENT-DAG: the 2048 intermediate features of @mla_moe's MLP split over tp = 8: all_reduce x{{[0-9]+}}

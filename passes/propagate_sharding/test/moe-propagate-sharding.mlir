@@ -81,7 +81,7 @@
 // TP-NEXT: %[[W:.*]] = moe.tp_enter %weights {axis = "tp"} : tensor<?x2xf32>
 // TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %[[W]]
 // TP-NEXT: moe.tp_exit %[[C]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
-// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
+// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
 // heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the
