@@ -457,37 +457,31 @@ void mergeExits(moe::ModelOp model) {
 
 FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {
   HeadSplitReport report;
-  SmallVector<moe::AttentionOp> attentions;
-  model.walk([&](moe::AttentionOp op) { attentions.push_back(op); });
-  for (moe::AttentionOp attention : attentions) {
-    auto layer = attention->getParentOfType<moe::LayerOp>();
-    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (attention)";
-    Analysis analysis(attention, ranks);
+  // Grouped-query and latent attention, dense MLPs: each region split by the rules above, or
+  // kept whole with the reason.
+  auto splitRegion = [&](Analysis analysis, Operation *center, llvm::StringRef what) {
+    auto layer = center->getParentOfType<moe::LayerOp>();
+    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (" + what.str() + ")";
     std::string why = analysis.run();
     if (!why.empty()) {
       report.kept.push_back({name, why});
-      continue;
+      return;
     }
     apply(analysis.plan, ranks);
     report.split.push_back(name);
-  }
+  };
+  SmallVector<moe::AttentionOp> attentions;
   SmallVector<Operation *> latents;
   model.walk([&](Operation *op) {
-    if (isa<moe::MLAOp, moe::SparseAttentionOp>(op))
+    if (auto attention = dyn_cast<moe::AttentionOp>(op))
+      attentions.push_back(attention);
+    else if (isa<moe::MLAOp, moe::SparseAttentionOp>(op))
       latents.push_back(op);
   });
-  for (Operation *mla : latents) {
-    auto layer = mla->getParentOfType<moe::LayerOp>();
-    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (latent attention)";
-    Analysis analysis(mla, ranks);
-    std::string why = analysis.run();
-    if (!why.empty()) {
-      report.kept.push_back({name, why});
-      continue;
-    }
-    apply(analysis.plan, ranks);
-    report.split.push_back(name);
-  }
+  for (moe::AttentionOp attention : attentions)
+    splitRegion(Analysis(attention, ranks), attention, "attention");
+  for (Operation *mla : latents)
+    splitRegion(Analysis(mla, ranks), mla, "latent attention");
   SmallVector<moe::ExpertMLPOp> mlps;
   model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
   for (moe::ExpertMLPOp mlp : mlps) {
@@ -510,18 +504,8 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
         llvm::any_of(op->getUsers(), [](Operation *user) { return isa<moe::LinearOp>(user); }))
       activations.push_back(op);
   });
-  for (Operation *activation : activations) {
-    auto layer = activation->getParentOfType<moe::LayerOp>();
-    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (mlp)";
-    Analysis analysis(activation, ranks);
-    std::string why = analysis.run();
-    if (!why.empty()) {
-      report.kept.push_back({name, why});
-      continue;
-    }
-    apply(analysis.plan, ranks);
-    report.split.push_back(name);
-  }
+  for (Operation *activation : activations)
+    splitRegion(Analysis(activation, ranks), activation, "mlp");
   mergeEnters(model);
   mergeExits(model);
   return report;
