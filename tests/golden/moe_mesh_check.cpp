@@ -1,7 +1,7 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
 //   moe-mesh-check DIR --mesh dp=2,ep=2,pp=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
-//                  [--plan SINGLE --mesh-plan MESH] [--tolerance R]
+//                  [--plan SINGLE --mesh-plan MESH] [--tolerance R] [--recompute POLICY]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
 // golden.safetensors). The batch is the golden sequences, repeated until it
@@ -17,7 +17,9 @@
 // tensor comparing the mesh with the single rank: the loss before each step,
 // every LoRA gradient of the first step, every parameter after the three
 // steps; exits 1 if any differs by more than relative 1e-4 (2e-2 in bf16; --tolerance),
-// or if the ranks' parameters differ from each other at all.
+// or if the ranks' parameters differ from each other at all. --recompute compiles
+// the mesh plan with that policy (moec --recompute; the single rank saves
+// everything), so what the backward keeps is checked under the mesh too.
 //
 //===----------------------------------------------------------------------===//
 
@@ -152,7 +154,7 @@ int main(int argc, char **argv) {
   Args args(argc, argv, 1);
   std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32"), backend = args.get("backend", "cpu");
   std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan");
-  std::string epExchange = args.get("ep-exchange", "auto");
+  std::string epExchange = args.get("ep-exchange", "auto"), recompute = args.get("recompute");
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
@@ -168,9 +170,12 @@ int main(int argc, char **argv) {
   }
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
+  if (!recompute.empty() && !singlePath.empty())
+    return fail("--recompute is for the plans moe-mesh-check compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
-                "[--cpu-threads N] [--ep-exchange auto|routed|all] [--plan SINGLE --mesh-plan MESH]");
+                "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] "
+                "[--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
   if (!moe::MeshShape::parse(meshText, mesh, error))
@@ -239,6 +244,8 @@ int main(int argc, char **argv) {
     if (!meshFlag.empty())
       moecArgs.insert(moecArgs.end(), {"--mesh", meshFlag, "--pipeline-micro-batches",
                                        std::to_string(pipelineMicroBatches), "--ep-exchange", epExchange});
+    if (!meshFlag.empty() && !recompute.empty())
+      moecArgs.insert(moecArgs.end(), {"--recompute", recompute});
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
       return s;
     return plan::loadPlan(tempDir + "/" + name);
