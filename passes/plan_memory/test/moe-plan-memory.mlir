@@ -1,6 +1,7 @@
 // RUN: moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2}))' | FileCheck %s
 // RUN: moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=45000}))' | FileCheck %s --check-prefix=CAP
 // RUN: moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=43000}))' | FileCheck %s --check-prefix=CAP2
+// RUN: moe-opt %inputs/dense_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=40000}))' | FileCheck %s --check-prefix=DENSE
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{seq-len=8 micro-batch=2 memory-cap=30KiB}))' 2>&1 | FileCheck %s --check-prefix=TOOSMALL
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-plan-memory{memory-cap=lots}))' 2>&1 | FileCheck %s --check-prefix=BADCAP
 // RUN: not moe-opt %inputs/tiny_lora.mlir --pass-pipeline='builtin.module(moe.model(moe-plan-memory))' 2>&1 | FileCheck %s --check-prefix=NOSTEP
@@ -43,6 +44,13 @@
 // CAP2: moe.apply_layer @block_fwd_regather[1]
 // CAP2: moe.apply_layer @block_bwd_regather[1]
 // CAP2: moe.apply_layer @block_bwd_recompute[0]
+
+// A layer without experts has nothing to gather again: over the cap (41216 bytes saving
+// everything) it recomputes (37120).
+// DENSE: peak = 37120 : i64
+// DENSE-SAME: recompute = "per-layer", recompute_layers = array<i64: 0>
+// DENSE-NOT: regather
+// DENSE: moe.apply_layer @mlp_fwd_recompute[0]
 
 // TOOSMALL: error: moe-plan-memory: the step needs 0.00 GiB with every layer recomputed, above the cap of 0.00 GiB: 0.00 GiB missing
 // BADCAP: error: moe-plan-memory: memory-cap 'lots' is not a size (expected bytes or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB, e.g. 80GiB)
