@@ -20,6 +20,7 @@
 #define RUNTIME_EXEC_EXECUTOR_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -171,6 +172,9 @@ private:
     int64_t tokens = 0, copies = 0;
   };
   std::map<uint32_t, Received> receivedRows;
+  /// Keeps a route for its layer's sends and returns (and, timed, adds its time since `start`).
+  absl::Status keepRoute(const plan::Collective &collective, Received got, ExpertRoute route,
+                         std::chrono::steady_clock::time_point start);
   bool timeCollectives = false;
   double collectiveTime = 0;
   double exchangeTime[3] = {0, 0, 0}; // messages, gathering and summing rows, routing

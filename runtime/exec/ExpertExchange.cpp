@@ -140,6 +140,11 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
                                      segments(route.received, static_cast<size_t>(k)), indices.dtype);
       !s.ok())
     return s;
+  return keepRoute(collective, got, std::move(route), start);
+}
+
+absl::Status Executor::keepRoute(const plan::Collective &collective, Received got, ExpertRoute route,
+                                 std::chrono::steady_clock::time_point start) {
   receivedRows[collective.outputs(0)] = got;
   routes[collective.outputs(1)] = std::move(route);
   if (timeCollectives) {
@@ -183,14 +188,7 @@ absl::Status Executor::allTokensRoute(const plan::Collective &collective, comm::
     return s;
   // Launches see every received row and the dispatch's whole room for copies: the counts of
   // copies stay on the device, where the expert MLP reads them.
-  receivedRows[collective.outputs(0)] = Received{tokens * n, localIndices.dim(0) * k};
-  routes[collective.outputs(1)] = std::move(route);
-  if (timeCollectives) {
-    if (absl::Status s = dev->synchronize(); !s.ok())
-      return s;
-    exchangeTime[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  return absl::OkStatus();
+  return keepRoute(collective, Received{tokens * n, localIndices.dim(0) * k}, std::move(route), start);
 }
 
 absl::Status Executor::expertExchange(const plan::Collective &collective, comm::Communicator &comm) {
