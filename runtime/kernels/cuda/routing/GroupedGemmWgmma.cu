@@ -158,13 +158,26 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
     if (mLocal >= mValid)
       continue;
     int64_t row = rowBegin + mLocal;
+    CT *out = c + row * p.ldc + n0;
+    // With beta, the row's old values are all loaded before the first store (as dh above:
+    // loads between stores that may alias them would each wait out the memory latency).
+    float old[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
+      old[i] = beta != 0.0f && nLocal < nValid ? loadC(out + nLocal) : 0.0f;
+    }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       int nLocal = j * 8 + 2 * (lane & 3);
       if (nLocal >= nValid)
         continue;
-      storeTwo(c + row * p.ldc + n0 + nLocal, nLocal + 1 < nValid, alpha * acc[4 * j + 2 * h],
-               alpha * acc[4 * j + 2 * h + 1], beta);
+      float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+      if (beta != 0.0f) {
+        v0 = fmaf(beta, old[2 * j], v0);
+        v1 = fmaf(beta, old[2 * j + 1], v1);
+      }
+      storeTwo(out + nLocal, nLocal + 1 < nValid, v0, v1, 0.0f);
     }
   }
 }
