@@ -125,31 +125,6 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
   constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
   // Accumulator d[4j + 2h + c]: row 16 (warp % 4) + lane / 4 + 8h, column 8j + 2 (lane % 4) + c.
   int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-  if constexpr (kTwoB) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int mLocal = warpGroup * 64 + warp * 16 + (lane >> 2) + h * 8;
-      if (mLocal >= mValid)
-        continue;
-      int64_t row = rowBegin + mLocal;
-      // GluGrad: the row's dh values all loaded before the first store (stores could alias
-      // them, so loads issued between stores would each wait out the memory latency).
-      float dh[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
-        dh[i] = kMode == GluGrad && nLocal < nValid ? __ldg(x.dh + row * p.n + n0 + nLocal) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
-        int r = 4 * (i >> 1) + 2 * h + (i & 1);
-        if (nLocal < nValid)
-          gatedElement<kMode, CT>(p, x, row, n0 + nLocal, acc[r], acc2[r], dh[i]);
-      }
-    }
-    return;
-  }
   CT *c = static_cast<CT *>(p.c);
   float alpha = p.alpha, beta = p.beta;
 #pragma unroll
@@ -158,26 +133,39 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
     if (mLocal >= mValid)
       continue;
     int64_t row = rowBegin + mLocal;
-    CT *out = c + row * p.ldc + n0;
-    // With beta, the row's old values are all loaded before the first store (as dh above:
-    // loads between stores that may alias them would each wait out the memory latency).
-    float old[32];
+    // What the row's stores read (GluGrad: dh; with beta: the old outputs), all loaded before
+    // the first store: stores may alias them, so loads between stores would each wait out the
+    // memory latency.
+    float read[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
-      old[i] = beta != 0.0f && nLocal < nValid ? loadC(out + nLocal) : 0.0f;
+      bool inside = nLocal < nValid;
+      if constexpr (kMode == GluGrad)
+        read[i] = inside ? __ldg(x.dh + row * p.n + n0 + nLocal) : 0.0f;
+      else if constexpr (!kTwoB)
+        read[i] = inside && beta != 0.0f ? loadC(c + row * p.ldc + n0 + nLocal) : 0.0f;
+      else
+        read[i] = 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       int nLocal = j * 8 + 2 * (lane & 3);
       if (nLocal >= nValid)
         continue;
-      float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
-      if (beta != 0.0f) {
-        v0 = fmaf(beta, old[2 * j], v0);
-        v1 = fmaf(beta, old[2 * j + 1], v1);
+      int r = 4 * j + 2 * h;
+      if constexpr (kTwoB) {
+        gatedElement<kMode, CT>(p, x, row, n0 + nLocal, acc[r], acc2[r], read[2 * j]);
+        if (nLocal + 1 < nValid)
+          gatedElement<kMode, CT>(p, x, row, n0 + nLocal + 1, acc[r + 1], acc2[r + 1], read[2 * j + 1]);
+      } else {
+        float v0 = alpha * acc[r], v1 = alpha * acc[r + 1];
+        if (beta != 0.0f) {
+          v0 = fmaf(beta, read[2 * j], v0);
+          v1 = fmaf(beta, read[2 * j + 1], v1);
+        }
+        storeTwo(c + row * p.ldc + n0 + nLocal, nLocal + 1 < nValid, v0, v1, 0.0f);
       }
-      storeTwo(out + nLocal, nLocal + 1 < nValid, v0, v1, 0.0f);
     }
   }
 }
