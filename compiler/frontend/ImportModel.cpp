@@ -152,8 +152,9 @@ private:
     IntegerAttr window = layerSpec.slidingWindow && a.slidingWindow
                              ? b.getI64IntegerAttr(*a.slidingWindow)
                              : IntegerAttr();
-    Value o = b.create<AttentionOp>(loc, act(h * hd), q, k, v, sinks, i64(h), i64(kv), i64(hd),
-                                    f64(1.0 / std::sqrt(static_cast<double>(hd))), window);
+    Value o = b.create<AttentionOp>(loc, act(h * hd), /*logsumexp=*/Type(), q, k, v, sinks, i64(h), i64(kv),
+                                    i64(hd), f64(1.0 / std::sqrt(static_cast<double>(hd))), window)
+                  .getResult();
     if (gate)
       o = b.create<SigmoidGateOp>(loc, o.getType(), o, gate);
     return linear(o, m + "o_proj", spec.hiddenSize, a.bias);

@@ -327,7 +327,7 @@ def Moe_RopeOp : Moe_ComputeOp<"rope"> {
   let assemblyFormat = "$input `,` $positions attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_AttentionOp : Moe_ComputeOp<"attention"> {
+def Moe_AttentionOp : Moe_ComputeOp<"attention", [], ["backwardUsesResults"]> {
   let summary = "Causal grouped-query attention (sliding window, sinks).";
   let description = [{
     `q: [T, H*d]`, `k: [T, Hkv*d]`, `v: [T, Hkv*dv]` -> `[T, H*dv]`; query
@@ -336,16 +336,26 @@ def Moe_AttentionOp : Moe_ComputeOp<"attention"> {
     head to the softmax denominator (gpt-oss). q/k norms, RoPE and output
     gates are separate ops around it.
 
+    An optional second result `logsumexp: [T, H]` (f32) holds the natural
+    log of each (query, head)'s softmax denominator, the sink included
+    (`+inf` on a row with no allowed key and no sink, so that its
+    probabilities `exp(z - logsumexp)` are 0). `--moe-build-training-step`
+    adds it to the attentions of the layers it trains: the backward then
+    reads it and the result instead of running the forward's key loop again
+    for these statistics.
+
     ```mlir
     %o = moe.attention %q, %k, %v {num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 16 : i64, scale = 2.500000e-01 : f64}
         : (tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>) -> tensor<?x64xf32>
+    %o2, %lse = moe.attention %q, %k, %v {num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 16 : i64, scale = 2.500000e-01 : f64}
+        : (tensor<?x64xf32>, tensor<?x32xf32>, tensor<?x32xf32>) -> (tensor<?x64xf32>, tensor<?x4xf32>)
     ```
   }];
   let arguments = (ins Moe_Tensor:$query, Moe_Tensor:$key, Moe_Tensor:$value,
                    Optional<Moe_Tensor>:$sinks,
                    I64Attr:$num_heads, I64Attr:$num_kv_heads, I64Attr:$head_dim,
                    F64Attr:$scale, OptionalAttr<I64Attr>:$sliding_window);
-  let results = (outs Moe_Tensor:$result);
+  let results = (outs Moe_Tensor:$result, Optional<RankedTensorOf<[F32]>>:$logsumexp);
   let assemblyFormat = [{
     $query `,` $key `,` $value (`sinks` $sinks^)? attr-dict `:` functional-type(operands, results)
   }];

@@ -274,6 +274,9 @@ LogicalResult AttentionOp::verify() {
     return failure();
   if (getSlidingWindow() && !c.positive("sliding_window", *getSlidingWindow()))
     return failure();
+  if (Value lse = getLogsumexp())
+    return success(c.rank("logsumexp", lse, 2) && c.sameDim("query", getQuery(), 0, "logsumexp", lse, 0) &&
+                   c.dim("logsumexp", lse, 1, h, "num_heads"));
   return success();
 }
 

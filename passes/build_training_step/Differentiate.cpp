@@ -2,6 +2,7 @@
 
 #include "passes/build_training_step/Differentiate.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/SmallPtrSet.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
@@ -86,6 +87,25 @@ moe::LayerOp cloneTemplate(moe::LayerOp layer, StringRef name, IRMapping &mappin
   return copy;
 }
 
+/// Gives each attention of `layer` its logsumexp result: its backward then reads the softmax
+/// statistics instead of running the key loop of the forward again.
+void saveAttentionStatistics(moe::LayerOp layer) {
+  SmallVector<moe::AttentionOp> attentions;
+  layer.walk([&](moe::AttentionOp attention) {
+    if (!attention.getLogsumexp())
+      attentions.push_back(attention);
+  });
+  for (moe::AttentionOp attention : attentions) {
+    OpBuilder b(attention);
+    auto query = cast<RankedTensorType>(attention.getQuery().getType());
+    auto lse = RankedTensorType::get({query.getDimSize(0), attention.getNumHeads()}, b.getF32Type());
+    auto saving = b.create<moe::AttentionOp>(attention.getLoc(), TypeRange{attention.getResult().getType(), lse},
+                                             attention->getOperands(), attention->getAttrs());
+    attention.getResult().replaceAllUsesWith(saving.getResult());
+    attention->erase();
+  }
+}
+
 } // namespace
 
 FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute policy) {
@@ -114,11 +134,18 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
     return layer.emitOpError("a layer template to train must return one value, it returns ")
            << layer.getNumResults();
 
+  // Both templates are copies of `source`: the layer with what its training saves for the
+  // backward added (attention statistics).
+  IRMapping toSource;
+  moe::LayerOp source = cloneTemplate(layer, layer.getSymName(), toSource);
+  saveAttentionStatistics(source);
+  auto dropSource = llvm::make_scope_exit([&] { source->destroy(); });
+
   // The backward starts as a full copy of the forward: differentiate it, then
   // turn the forward values it reads into arguments (saved) or keep them
   // (recomputed), and drop the rest.
   IRMapping toBackward;
-  moe::LayerOp backward = cloneTemplate(layer, backwardName, toBackward);
+  moe::LayerOp backward = cloneTemplate(source, backwardName, toBackward);
   OpBuilder builder(layer);
   builder.setInsertionPointAfter(layer);
   builder.insert(backward);
@@ -204,7 +231,7 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
 
   // The forward returns its output and the saved values.
   IRMapping toForward;
-  moe::LayerOp forward = cloneTemplate(layer, forwardName, toForward);
+  moe::LayerOp forward = cloneTemplate(source, forwardName, toForward);
   builder.setInsertionPointAfter(layer);
   builder.insert(forward);
   auto forwardYield = cast<moe::YieldOp>(forward.getBody().front().getTerminator());

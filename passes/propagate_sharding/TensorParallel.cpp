@@ -294,7 +294,9 @@ void apply(HeadSplit &plan, int64_t ranks) {
         attention.getLoc());
     attention.setNumHeads(attention.getNumHeads() / ranks);
     attention.setNumKvHeads(attention.getNumKvHeads() / ranks);
-    attention.getResult().setType(splitFeatures(attention.getType(), ranks));
+    attention.getResult().setType(splitFeatures(attention.getResult().getType(), ranks));
+    if (Value lse = attention.getLogsumexp()) // one column per head
+      lse.setType(splitFeatures(lse.getType(), ranks));
   } else {
     auto layer = plan.mlp->getParentOfType<moe::LayerOp>();
     Value h = plan.mlp->getResult(0);

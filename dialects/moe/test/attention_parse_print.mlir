@@ -59,6 +59,17 @@ func.func @attention_gqa(%q: tensor<?x4096xbf16>, %k: tensor<?x512xbf16>, %v: te
 
 // -----
 
+// Tests that attention with its softmax statistics (the training step's form) round-trips.
+// CHECK-LABEL: func.func @attention_logsumexp(
+// CHECK: %[[O:.*]], %[[LSE:.*]] = moe.attention %{{.*}}, %{{.*}}, %{{.*}} {head_dim = 128 : i64, num_heads = 32 : i64, num_kv_heads = 4 : i64, scale = 0.088388347648318433 : f64} : (tensor<?x4096xbf16>, tensor<?x512xbf16>, tensor<?x512xbf16>) -> (tensor<?x4096xbf16>, tensor<?x32xf32>)
+// CHECK: return %[[O]], %[[LSE]]
+func.func @attention_logsumexp(%q: tensor<?x4096xbf16>, %k: tensor<?x512xbf16>, %v: tensor<?x512xbf16>) -> (tensor<?x4096xbf16>, tensor<?x32xf32>) {
+  %o, %lse = moe.attention %q, %k, %v {num_heads = 32 : i64, num_kv_heads = 4 : i64, head_dim = 128 : i64, scale = 0.088388347648318433 : f64} : (tensor<?x4096xbf16>, tensor<?x512xbf16>, tensor<?x512xbf16>) -> (tensor<?x4096xbf16>, tensor<?x32xf32>)
+  return %o, %lse : tensor<?x4096xbf16>, tensor<?x32xf32>
+}
+
+// -----
+
 // Tests that gpt-oss attention (64 heads over 8 kv heads of 64, 128-token window, one sink per head) keeps sinks and window.
 // CHECK-LABEL: func.func @attention_window_sinks(
 // CHECK-SAME: %[[Q:.*]]: tensor<?x4096xbf16>, %[[K:.*]]: tensor<?x512xbf16>, %[[V:.*]]: tensor<?x512xbf16>, %[[S:.*]]: tensor<64xbf16>)

@@ -144,6 +144,24 @@ func.func @attention_window(%q: tensor<?x4096xbf16>, %k: tensor<?x512xbf16>, %v:
 
 // -----
 
+// Tests that the statistics have one column per query head.
+func.func @attention_logsumexp_heads(%q: tensor<?x4096xbf16>, %k: tensor<?x512xbf16>, %v: tensor<?x512xbf16>) -> tensor<?x8xf32> {
+  // expected-error @+1 {{'moe.attention' op logsumexp dimension 1 must be 32 (num_heads), got 8}}
+  %o, %lse = moe.attention %q, %k, %v {num_heads = 32 : i64, num_kv_heads = 4 : i64, head_dim = 128 : i64, scale = 0.088 : f64} : (tensor<?x4096xbf16>, tensor<?x512xbf16>, tensor<?x512xbf16>) -> (tensor<?x4096xbf16>, tensor<?x8xf32>)
+  return %lse : tensor<?x8xf32>
+}
+
+// -----
+
+// Tests that the statistics are f32 whatever the storage type.
+func.func @attention_logsumexp_type(%q: tensor<?x4096xbf16>, %k: tensor<?x512xbf16>, %v: tensor<?x512xbf16>) -> tensor<?x32xbf16> {
+  // expected-error @+1 {{'moe.attention' op result #1 must be ranked tensor of 32-bit float values}}
+  %o, %lse = moe.attention %q, %k, %v {num_heads = 32 : i64, num_kv_heads = 4 : i64, head_dim = 128 : i64, scale = 0.088 : f64} : (tensor<?x4096xbf16>, tensor<?x512xbf16>, tensor<?x512xbf16>) -> (tensor<?x4096xbf16>, tensor<?x32xbf16>)
+  return %lse : tensor<?x32xbf16>
+}
+
+// -----
+
 // Tests that zero kv heads are rejected before any division by them.
 func.func @attention_zero_kv(%q: tensor<?x4096xbf16>, %k: tensor<?x512xbf16>, %v: tensor<?x512xbf16>) -> tensor<?x4096xbf16> {
   // expected-error @+1 {{'moe.attention' op num_kv_heads must be positive, got 0}}

@@ -3,8 +3,11 @@
 // attention: query [T, H*d], key [T, KV*d], value [T, KV*dv], optional sinks
 // [H] -> [T, H*dv]. Query head h reads key/value head h / (H/KV) (transformers'
 // repeat_kv). Sinks follow gpt-oss: one learned logit per head that joins the
-// softmax denominator and contributes no value. The backward recomputes the
-// probabilities; its gradients are those of query, key, value and sinks.
+// softmax denominator and contributes no value. A second output, when the
+// plan has one, gets each (query, head)'s logsumexp [T, H]. The backward
+// recomputes the probabilities (the saved result and logsumexp, when passed,
+// are not needed by this reference); its gradients are those of query, key,
+// value and sinks.
 //
 //===----------------------------------------------------------------------===//
 
@@ -76,14 +79,18 @@ void attentionForward(KernelContext &ctx) {
     ctx.fail("expected 3 or 4 inputs (query, key, value[, sinks]), got " +
              std::to_string(ctx.inputs.size()));
   AttentionLaunch l = readAttention(ctx, ctx.inputs.size());
-  if (ctx.outputs.size() != 1)
-    ctx.fail("expected 1 output, got " + std::to_string(ctx.outputs.size()));
+  if (ctx.outputs.size() != 1 && ctx.outputs.size() != 2)
+    ctx.fail("expected 1 or 2 outputs (result[, logsumexp]), got " + std::to_string(ctx.outputs.size()));
   int64_t ldo = l.heads * l.valueDim;
   float *out = floatTensor(ctx, ctx.out(0), "result", {l.tokens, ldo});
+  float *lse = ctx.outputs.size() == 2 ? floatTensor(ctx, ctx.out(1), "logsumexp", {l.tokens, l.heads}) : nullptr;
   DenseAttention core(ctx, l.seqs.length, l.scale, Mask{l.window, nullptr});
   for (int64_t b = 0; b < l.seqs.count; ++b)
-    for (int64_t h = 0; h < l.heads; ++h)
-      core.forward(headView(l, b, h), out + b * l.seqs.length * ldo + h * l.valueDim, ldo);
+    for (int64_t h = 0; h < l.heads; ++h) {
+      const int64_t row = b * l.seqs.length;
+      core.forward(headView(l, b, h), out + row * ldo + h * l.valueDim, ldo,
+                   lse ? lse + row * l.heads + h : nullptr, l.heads);
+    }
 }
 
 void attentionBackward(KernelContext &ctx) {

@@ -92,6 +92,32 @@ TEST_P(AttentionTest, ForwardMatchesReference) {
     }
 }
 
+TEST_P(AttentionTest, LogsumexpMatchesReference) {
+  // The training step's form: the same result, and log Σ exp(z) per (query, head), the sink's
+  // exp included.
+  Config c = GetParam();
+  KernelCall k = call(c);
+  k.output(plan::F32, {2 * c.len, c.heads});
+  k.run();
+  KernelCall plain = call(c);
+  plain.run();
+  EXPECT_EQ(k.result(0).floats(), plain.result(0).floats());
+  std::vector<float> lse = k.result(1).floats();
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.headDim));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < c.heads; ++h) {
+      Head r = head(k, c, b, h);
+      for (int64_t t = 0; t < c.len; ++t) {
+        double sum = r.hasSink ? std::exp(r.sink) : 0.0;
+        for (int64_t s = 0; s <= t; ++s)
+          if (r.allowed(t, s))
+            sum += std::exp(scale * ref::dot(r.q[t], r.k[s]));
+        EXPECT_NEAR(lse[(b * c.len + t) * c.heads + h], std::log(sum), 2e-6)
+            << "sequence " << b << " head " << h << " row " << t;
+      }
+    }
+}
+
 TEST_P(AttentionTest, BackwardMatchesNumericGradients) {
   Config c = GetParam();
   KernelCall k = call(c);

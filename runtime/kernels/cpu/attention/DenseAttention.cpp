@@ -13,7 +13,7 @@ namespace moec::runtime::cpu::attention {
 DenseAttention::DenseAttention(const KernelContext &ctx, int64_t length, double scale, Mask mask)
     : ctx(ctx), length(length), scale(static_cast<float>(scale)), mask(mask),
       probs(static_cast<size_t>(length * length)), pSink(static_cast<size_t>(length)),
-      rowDots(static_cast<size_t>(length)) {}
+      rowDots(static_cast<size_t>(length)), rowLse(static_cast<size_t>(length)) {}
 
 void DenseAttention::probabilities(const HeadView &head) {
   const int64_t n = length;
@@ -45,6 +45,7 @@ void DenseAttention::probabilities(const HeadView &head) {
       if (top == -inf) { // nothing to attend to
         std::fill(row, row + n, 0.0f);
         pSink[t] = 0;
+        rowLse[t] = inf;
         continue;
       }
       for (int64_t s = 0; s <= t; ++s)
@@ -53,12 +54,16 @@ void DenseAttention::probabilities(const HeadView &head) {
       for (int64_t s = 0; s < n; ++s)
         row[s] = s <= t && allowed(t, s) ? static_cast<float>(std::exp(row[s] - top) / sum) : 0.0f;
       pSink[t] = head.sink ? std::exp(sink - top) / sum : 0.0;
+      rowLse[t] = top + std::log(sum);
     }
   });
 }
 
-void DenseAttention::forward(const HeadView &head, float *out, int64_t ldo) {
+void DenseAttention::forward(const HeadView &head, float *out, int64_t ldo, float *lse, int64_t ldLse) {
   probabilities(head);
+  if (lse)
+    for (int64_t t = 0; t < length; ++t)
+      lse[t * ldLse] = static_cast<float>(rowLse[t]);
   gemm(false, false, length, head.dv, length, 1.0f, probs.data(), length, head.v, head.ldv, 0.0f,
        out, ldo);
 }

@@ -57,8 +57,9 @@ class DenseAttention {
 public:
   DenseAttention(const KernelContext &ctx, int64_t length, double scale, Mask mask);
 
-  /// out[t, 0:dv] (stride ldo) = attention of this head.
-  void forward(const HeadView &head, float *out, int64_t ldo);
+  /// out[t, 0:dv] (stride ldo) = attention of this head; with `lse`, lse[t * ldLse] = the log
+  /// of row t's softmax denominator (+inf on a row with nothing to attend to).
+  void forward(const HeadView &head, float *out, int64_t ldo, float *lse = nullptr, int64_t ldLse = 0);
   /// Writes dq, accumulates dk and dV for this head given dO; returns the
   /// sink logit's gradient (0 without a sink).
   double backward(const HeadView &head, const float *dOut, int64_t lddo);
@@ -76,7 +77,7 @@ private:
   float scale;
   Mask mask;
   std::vector<float> probs, grads;    // [L, L]
-  std::vector<double> pSink, rowDots; // [L]
+  std::vector<double> pSink, rowDots, rowLse; // [L]
 };
 
 } // namespace moec::runtime::cpu::attention

@@ -1,9 +1,11 @@
 //===- Attention.cu - causal grouped-query attention on the GPU -----------===//
 //
 // attention: query [T, H*d], key [T, KV*d], value [T, KV*dv], optional sinks
-// [H] -> [T, H*dv], as cpu/attention/Attention.cpp (the checks and messages
-// too); the core is Dense.cu. The backward's gradients are those of query,
-// key, value and sinks.
+// [H] -> [T, H*dv] (and the logsumexp [T, H] when the op has that result),
+// as cpu/attention/Attention.cpp (the checks and messages too); the core is
+// Dense.cu. The backward's gradients are those of query, key, value and
+// sinks; given the saved result and logsumexp it takes its statistics from
+// them instead of running the forward's key loop again.
 //
 //===----------------------------------------------------------------------===//
 
@@ -50,6 +52,14 @@ AttentionLaunch readAttention(const KernelContext &ctx, size_t operands) {
   return l;
 }
 
+/// The logsumexp result (or its saved copy): f32 [T, H].
+FloatOut f32Statistics(const KernelContext &ctx, const TensorRef &t, const AttentionLaunch &l) {
+  FloatOut lse = floatOut(ctx, t, "logsumexp", {l.tokens, l.heads});
+  if (lse.bf16)
+    ctx.fail("logsumexp must be f32, got bf16");
+  return lse;
+}
+
 AttnParams paramsOf(const AttentionLaunch &l) {
   AttnParams P;
   P.L = l.seqs.length;
@@ -75,12 +85,14 @@ void attentionForward(KernelContext &ctx) {
     ctx.fail("expected 3 or 4 inputs (query, key, value[, sinks]), got " +
              std::to_string(ctx.inputs.size()));
   AttentionLaunch l = readAttention(ctx, ctx.inputs.size());
-  if (ctx.outputs.size() != 1)
-    ctx.fail("expected 1 output, got " + std::to_string(ctx.outputs.size()));
+  if (ctx.outputs.size() != 1 && ctx.outputs.size() != 2)
+    ctx.fail("expected 1 or 2 outputs (result[, logsumexp]), got " + std::to_string(ctx.outputs.size()));
   int64_t ldo = l.heads * l.valueDim;
   FloatOut out = floatOut(ctx, ctx.out(0), "result", {l.tokens, ldo});
   AttnParams P = paramsOf(l);
   P.out = OutMat{out, ldo, l.valueDim};
+  if (ctx.outputs.size() == 2)
+    P.lseOut = static_cast<float *>(f32Statistics(ctx, ctx.out(1), l).p);
   denseForward(ctx, P);
 }
 
@@ -95,6 +107,11 @@ void attentionBackward(KernelContext &ctx) {
   FloatOut dSinks = l.sinks ? gradFor(ctx, Sinks) : FloatOut{};
   AttnParams P = paramsOf(l);
   P.dO = Mat{gradOut, ldo, l.valueDim};
+  // The forward's result and logsumexp, when the plan saved them (backward_segments[1] = 2).
+  if (ctx.has("backward_segments") && ctx.attrInts("backward_segments").at(1) == 2) {
+    P.savedO = Mat{floatIn(ctx, ctx.in(operands), "saved result", {l.tokens, ldo}), ldo, l.valueDim};
+    P.savedLse = static_cast<const float *>(f32Statistics(ctx, ctx.in(operands + 1), l).p);
+  }
   if (dq.p)
     P.dqA = OutMat{dq, l.heads * l.headDim, l.headDim};
   if (dk.p)

@@ -4,7 +4,9 @@
 // windows, sinks) plus sequence lengths that are no multiple of the tiles
 // (16 queries, 32 keys), several sequences, windows wider than a tile and
 // head dims covering every register layout (d, dv up to 320); backward with
-// every gradient and with subsets of them; F32 and BF16 storage. With BF16
+// every gradient and with subsets of them; the logsumexp result, and the
+// backward from the saved result and logsumexp (the training step's form);
+// F32 and BF16 storage. With BF16
 // storage, (head dim, value dim) = (64, 64), (128, 128), (256, 256) and
 // (192, 128) take the tensor-core path (Flash.cu), the rest the general kernels.
 //
@@ -88,6 +90,40 @@ protected:
     return k;
   }
 
+  /// call(c) with the logsumexp result too (the training step's form; f32 in any storage).
+  KernelCall withStatistics(const Config &c) {
+    KernelCall k = call(c);
+    k.output(plan::F32, {c.seqs * c.len, c.heads});
+    return k;
+  }
+
+  /// The backward as the training step launches it: the forward operands, the saved result
+  /// and logsumexp (from the CPU forward on bf16-exact operands, so that both storages see
+  /// the statistics of their own inputs), then the result gradient.
+  KernelCall savedBackward(const Config &c, const std::vector<int64_t> &wrt, uint64_t seed) {
+    KernelCall forward = withStatistics(c);
+    for (OwnedTensor &t : forward.inputsRef())
+      roundToBf16(t);
+    forward.run();
+    KernelCall backward = backwardOf(reg.cpu, forward, wrt, seed);
+    std::vector<OwnedTensor> &in = backward.inputsRef();
+    const auto gradOut = in.end() - 1;
+    OwnedTensor grad = *gradOut;
+    in.erase(gradOut);
+    in.push_back(forward.result(0));
+    in.push_back(forward.result(1));
+    in.push_back(grad);
+    const int64_t operands = static_cast<int64_t>(forward.inputsRef().size());
+    backward.attr("backward_segments", std::vector<int64_t>{operands, 2, 1});
+    return backward;
+  }
+  /// Comparison options of savedBackward's launches: the saved logsumexp stays f32.
+  runtime::testing::CudaCompareOptions savedOptions(const Config &c) {
+    runtime::testing::CudaCompareOptions o;
+    o.f32Inputs = {static_cast<size_t>(c.sinks ? 5 : 4)};
+    return o;
+  }
+
   Registries reg;
 };
 
@@ -113,6 +149,22 @@ TEST_P(CudaAttentionTest, BackwardSubsetsMatchCpu) {
   for (const std::vector<int64_t> &wrt : subsets)
     compareBoth(reg.gpu, [&] { return backwardOf(reg.cpu, call(c), wrt, 43); },
                 nameOf(c) + " backward of a subset");
+}
+
+TEST_P(CudaAttentionTest, LogsumexpMatchesCpu) {
+  Config c = GetParam();
+  runtime::testing::CudaCompareOptions o;
+  o.f32Outputs = {1};
+  compareBoth(reg.gpu, [&] { return withStatistics(c); }, nameOf(c) + " with logsumexp", o);
+}
+
+TEST_P(CudaAttentionTest, BackwardFromSavedStatisticsMatchesCpu) {
+  Config c = GetParam();
+  std::vector<int64_t> wrt = {0, 1, 2};
+  if (c.sinks)
+    wrt.push_back(3);
+  compareBoth(reg.gpu, [&] { return savedBackward(c, wrt, 44); }, nameOf(c) + " backward from saved statistics",
+              savedOptions(c));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -177,6 +229,22 @@ TEST_P(CudaAttentionFastPathTest, BackwardSubsetsMatchCpu) {
     subsets.push_back({3, 0});
   for (const std::vector<int64_t> &wrt : subsets)
     checkBackward(c, wrt, "backward of a subset");
+}
+
+TEST_P(CudaAttentionFastPathTest, LogsumexpMatchesCpu) {
+  Config c = GetParam();
+  runtime::testing::CudaCompareOptions o;
+  o.f32Outputs = {1};
+  compareBoth(reg.gpu, [&] { return withStatistics(c); }, nameOf(c) + " with logsumexp", o);
+}
+
+TEST_P(CudaAttentionFastPathTest, BackwardFromSavedStatisticsMatchesCpu) {
+  Config c = GetParam();
+  std::vector<int64_t> wrt = {0, 1, 2};
+  if (c.sinks)
+    wrt.push_back(3);
+  compareBoth(reg.gpu, [&] { return savedBackward(c, wrt, 44); }, nameOf(c) + " backward from saved statistics",
+              savedOptions(c));
 }
 
 INSTANTIATE_TEST_SUITE_P(

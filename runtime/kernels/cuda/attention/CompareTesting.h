@@ -81,6 +81,16 @@ inline float fromBf16(uint16_t h) {
 }
 } // namespace detail
 
+/// Rounds an f32 tensor's values to bf16 in place (no-op on other types): inputs that BF16
+/// storage then passes unchanged.
+inline void roundToBf16(OwnedTensor &t) {
+  if (t.dtype != plan::F32)
+    return;
+  auto *values = reinterpret_cast<float *>(t.bytes.data());
+  for (int64_t e = 0; e < t.numel(); ++e)
+    values[e] = detail::fromBf16(detail::toBf16(values[e]));
+}
+
 inline Bf16Run runBf16(const KernelRegistry &gpu, KernelCall call) {
   Bf16Run r;
   if (!runtime::testing::cudaDeviceAvailable(&r.why)) {
@@ -89,11 +99,7 @@ inline Bf16Run runBf16(const KernelRegistry &gpu, KernelCall call) {
   }
   std::vector<OwnedTensor> &inputs = call.inputsRef();
   for (OwnedTensor &t : inputs)
-    if (t.dtype == plan::F32) {
-      auto *values = reinterpret_cast<float *>(t.bytes.data());
-      for (int64_t e = 0; e < t.numel(); ++e)
-        values[e] = detail::fromBf16(detail::toBf16(values[e]));
-    }
+    roundToBf16(t);
   call.run();
   std::vector<void *> buffers;
   auto upload = [&](const OwnedTensor &t) {

@@ -51,6 +51,14 @@ template <typename F> void withLanes(const KernelContext &ctx, int d, int dv, F 
 void reduceSinks(const KernelContext &ctx, const float *part, int64_t rows, int heads,
                  FloatOut dSinks);
 
+/// The backward's statistics from the saved result and logsumexp (P.savedO, P.savedLse):
+/// D = dO . O, the logsumexp times lseScale, and the sink part -p_sink D (sinkPart not null), for
+/// rows t < L of each (sequence, head) at lse[at(b, h, t)], D[...], with at = (b * L + t) * H + h
+/// (headMajor false, the general kernels' layout), or (b * H + h) * Lp + t (Flash.cu's; rows
+/// [L, Lp) get lse = +inf, D = 0).
+void statisticsFromResult(const KernelContext &ctx, const AttnParams &P, float *lse, float *D,
+                          float *sinkPart, bool headMajor, int64_t Lp, float lseScale);
+
 } // namespace moec::runtime::cuda::attention
 
 #endif // RUNTIME_KERNELS_CUDA_ATTENTION_CORE_CUH_

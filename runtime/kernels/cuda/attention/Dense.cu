@@ -164,6 +164,8 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(AttnParams P) {
         if (col < dv)
           st(P.out, row0 + t, h, col, o[qi][c] * inv);
       }
+      if (P.lseOut && lane == 0)
+        P.lseOut[(row0 + t) * P.H + h] = l[qi] > 0.0f ? m[qi] + logf(l[qi]) : INFINITY;
     } else {
       float dot = 0.0f;
 #pragma unroll
@@ -424,6 +426,38 @@ template <int N> __global__ void __launch_bounds__(kThreads) dkdvKernel(AttnPara
   }
 }
 
+/// A warp per (row t < Lp, head, sequence): statisticsFromResult.
+__global__ void __launch_bounds__(kThreads)
+    statisticsKernel(AttnParams P, float *lse, float *D, float *sinkPart, bool headMajor, int64_t Lp,
+                     float lseScale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t t = warp % Lp, bh = warp / Lp;
+  if (bh >= P.B * P.H)
+    return;
+  const int h = static_cast<int>(bh % P.H);
+  const int64_t b = bh / P.H, row = b * P.L + t;
+  const int64_t at = headMajor ? bh * Lp + t : row * P.H + h;
+  if (t >= P.L) { // Flash.cu's padding rows
+    if (lane == 0) {
+      lse[at] = INFINITY;
+      D[at] = 0.0f;
+    }
+    return;
+  }
+  float dot = 0.0f;
+  for (int col = lane; col < P.dv; col += 32)
+    dot = fmaf(ld(P.dO, row, h, col), ld(P.savedO, row, h, col), dot);
+  dot = warpSum(dot);
+  if (lane == 0) {
+    const float saved = P.savedLse[row * P.H + h];
+    lse[at] = saved * lseScale; // +inf stays +inf
+    D[at] = dot;
+    if (sinkPart)
+      sinkPart[row * P.H + h] = P.sinks.p ? -expf(ld(P.sinks, h) - saved) * dot : 0.0f;
+  }
+}
+
 constexpr int kReduceThreads = 256;
 
 __global__ void __launch_bounds__(kReduceThreads)
@@ -480,6 +514,14 @@ void reduceSinks(const KernelContext &ctx, const float *part, int64_t rows, int 
   checkLaunch(ctx, "attention backward (sinks)");
 }
 
+void statisticsFromResult(const KernelContext &ctx, const AttnParams &P, float *lse, float *D,
+                          float *sinkPart, bool headMajor, int64_t Lp, float lseScale) {
+  const int64_t warps = P.B * P.H * Lp;
+  statisticsKernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kThreads, 0, streamOf(ctx)>>>(
+      P, lse, D, sinkPart, headMajor, Lp, lseScale);
+  checkLaunch(ctx, "attention backward (statistics from the saved result)");
+}
+
 void denseForward(const KernelContext &ctx, const AttnParams &P) {
   if (P.L <= 0 || P.B <= 0 || P.H <= 0)
     return;
@@ -506,7 +548,10 @@ void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, Flo
   P.lse = scratch.floats(tokens * P.H);
   P.D = scratch.floats(tokens * P.H);
   P.sinkPart = wantSinks ? scratch.floats(tokens * P.H) : nullptr;
-  launchForward<true>(ctx, P);
+  if (P.savedLse)
+    statisticsFromResult(ctx, P, P.lse, P.D, P.sinkPart, /*headMajor=*/false, P.L, 1.0f);
+  else
+    launchForward<true>(ctx, P);
   if (wantSinks)
     reduceSinks(ctx, P.sinkPart, tokens, P.H, dSinks);
   withLanes(ctx, d, P.dv, [&](auto lanes) {

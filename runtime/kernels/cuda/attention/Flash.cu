@@ -19,9 +19,11 @@
 //     32- or 64-key tiles; tileShape()), the Q fragments in registers up to
 //     head dim 128 (beyond, re-read from shared memory: the registers go to
 //     the output accumulators); S = Q Kᵀ, online softmax, O += P V with P
-//     taken straight from the S accumulators. The statistics variant writes
-//     lse (base 2) and D = dO · O per (sequence, head, query) instead of O,
-//     and the sink part -p_sink · D.
+//     taken straight from the S accumulators (and the logsumexp, when the
+//     op has that result). The statistics variant writes lse (base 2) and
+//     D = dO · O per (sequence, head, query) instead of O, and the sink part
+//     -p_sink · D; with the forward's result and logsumexp saved, a small
+//     kernel (statisticsFromResult) forms them from those instead.
 //   dK, dV (head dims 64, 128): one block of 8 warps per (128-key tile, kv
 //     head, slice of the group's heads, sequence), 16 keys per warp; 64-query
 //     tiles of Q, dO, lse, D streamed for each head of the slice: Sᵀ = K Qᵀ,
@@ -70,6 +72,7 @@ constexpr int kPPad = 8;         // floats of padding per row of a pair's shared
 constexpr int kStatsAlign = 128; // statistics rows per (sequence, head), padded
 constexpr size_t kSharedLimit = 227 * 1024; // dynamic shared memory per block (sm_90 opt-in)
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 // Blocks of the dK/dV kernel worth having before the heads of a group are
 // split into slices (fixed, so the summation order does not depend on the GPU).
 constexpr int64_t kKvBlocksWanted = 512;
@@ -98,6 +101,7 @@ struct FlashParams {
   // Statistics, [B * H][Lp] with Lp a multiple of kStatsAlign: rows >= L hold lse = +inf, D = 0.
   float *lse = nullptr, *dsum = nullptr;
   int64_t Lp = 0;
+  float *lseOut = nullptr; // the forward's logsumexp result, [B * L][H], natural log; or null
   float *sinkPart = nullptr; // [B * L][H] or null
   // dK/dV slices: block (kv head, slice) handles heads kv*group + slice*headsPerBlock + [0, headsPerBlock).
   int slices = 1, headsPerBlock = 1;
@@ -480,6 +484,8 @@ __global__ void __launch_bounds__(kQueryThreads<MT>, 1) flashForwardKernel(Flash
 #pragma unroll
           for (int n = 0; n < DV / 8; ++n)
             storePair(p.out, row0 + t, h, n * 8 + c2, o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+          if (p.lseOut && (lane & 3) == 0)
+            p.lseOut[(row0 + t) * p.H + h] = total > 0.0f ? (mUse + log2f(total)) * kLn2 : INFINITY;
         }
       } else {
         float dot = 0.0f;
@@ -1157,6 +1163,7 @@ FlashParams flashParams(const AttnParams &P) {
     f.kb = f.k, f.ldkb = f.ldk, f.hskb = f.hsk;
   }
   f.out = P.out;
+  f.lseOut = P.lseOut;
   f.dq = P.dqA;
   f.dqb = P.dqB;
   f.dk = P.dkA;
@@ -1364,7 +1371,10 @@ void flashBackward(const KernelContext &ctx, const AttnParams &P, Scratch &scrat
   f.sinkPart = wantSinks ? scratch.floats(f.rows * P.H) : nullptr;
   withHeadDims(P.dA + P.dB, P.dv, [&](auto dk, auto dv) {
     constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
-    launchForward<DK, DV, true>(ctx, f, B);
+    if (P.savedLse) // base 2, by (sequence, head), as the kernels read them
+      statisticsFromResult(ctx, P, f.lse, f.dsum, f.sinkPart, /*headMajor=*/true, f.Lp, kLog2e);
+    else
+      launchForward<DK, DV, true>(ctx, f, B);
     if (wantSinks)
       reduceSinks(ctx, f.sinkPart, f.rows, P.H, dSinks);
     if (wantDkDv) {

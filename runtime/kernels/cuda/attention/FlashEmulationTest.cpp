@@ -46,6 +46,11 @@ void reduceSinks(const KernelContext &, const float *part, int64_t rows, int hea
     st(out, h, static_cast<float>(sum));
   }
 }
+// The cases here leave P.savedLse null: the backward runs the statistics variant of the forward.
+void statisticsFromResult(const KernelContext &ctx, const AttnParams &, float *, float *, float *, bool,
+                          int64_t, float) {
+  ctx.fail("flash_emulation_test: statistics from a saved result are not emulated");
+}
 
 namespace {
 

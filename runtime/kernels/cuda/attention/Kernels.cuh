@@ -38,10 +38,15 @@ struct AttnParams {
   int64_t window = 0; // 0 = none
   FloatIn sinks;      // [H]; p null = none
   OutMat out;         // forward result by head h
+  float *lseOut = nullptr; // [T, H] (natural log; +inf where nothing is attended to) or null
   // Backward.
   Mat dO;                                                   // result gradient by head h
   float *lse = nullptr, *D = nullptr, *sinkPart = nullptr;  // [T, H] scratch
   OutMat dqA, dqB, dkA, dkB, dV;                            // p null = not wanted
+  // The forward's saved result (by head h) and lseOut: the statistics come from them
+  // (statisticsFromResult) instead of from the forward's key loop run again. p null = none.
+  Mat savedO;
+  const float *savedLse = nullptr;
 };
 
 /// The keys of each query row for sparse attention, built on the device.
