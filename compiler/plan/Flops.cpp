@@ -85,16 +85,25 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
       shapes[0] = &expected;
     }
   auto backward = dyn_cast<moe::BackwardOp>(op);
-  if (!backward)
-    return forwardFlops(op->getName().stripDialect(), shapes, op->getAttrDictionary(), program);
+  if (!backward) {
+    int64_t flops = forwardFlops(op->getName().stripDialect(), shapes, op->getAttrDictionary(), program);
+    // A fused LM head that forms its input's gradient runs the d input product in the forward.
+    if (auto head = dyn_cast<moe::LMHeadCrossEntropyOp>(op); head && head.getInputGrad())
+      return 2 * flops;
+    return flops;
+  }
   StringRef kernel = StringRef(backward.getForward()).drop_front(strlen("moe."));
   shapes.resize(backward.getInputs().size());
   int64_t forward = forwardFlops(kernel, shapes, backward.getForwardAttrs(), program);
   if (hasScores(kernel))
     return forward * 5 / 2;
-  // The fused LM head and loss recomputes its logits, chunk by chunk, before the gradients.
-  if (kernel == "lm_head_cross_entropy")
+  // The fused LM head and loss recomputes its logits, chunk by chunk, before the gradients;
+  // given the input's gradient from the forward (a third result), only the weight's needs them.
+  if (kernel == "lm_head_cross_entropy") {
+    if (backward.getOutputs().size() == 3)
+      return llvm::is_contained(backward.getGradOfInputs(), 1) ? 2 * forward : 0;
     return forward * (1 + static_cast<int64_t>(backward.getGradOfInputs().size()));
+  }
   return forward * std::min<int64_t>(2, backward.getGradOfInputs().size());
 }
 

@@ -674,6 +674,14 @@ def Moe_LMHeadCrossEntropyOp : Moe_ComputeOp<"lm_head_cross_entropy", [], ["back
     product) and writes the gradient of `input` and, when the weight is
     trainable, of `weight`.
 
+    An optional third result `input_grad: [T, H]` (the input's type) is the
+    gradient of the loss with respect to `input` for a loss gradient of 1,
+    formed in the forward while each chunk's logits are at hand (d logits
+    rounded to `logits_type` as the backward rounds them). The backward then
+    only scales it by the loss's gradient: no logits are computed again.
+    `--moe-fuse` adds it when the head's weight takes no gradient (LoRA
+    training).
+
     ```mlir
     %loss, %lse = moe.lm_head_cross_entropy %h, %head, %labels
         {shift_labels, chunk_tokens = 1024 : i64, logits_type = bf16}
@@ -684,7 +692,8 @@ def Moe_LMHeadCrossEntropyOp : Moe_ComputeOp<"lm_head_cross_entropy", [], ["back
                    DefaultValuedAttr<I64Attr, "-100">:$ignore_index, UnitAttr:$shift_labels,
                    DefaultValuedAttr<I64Attr, "1024">:$chunk_tokens,
                    OptionalAttr<TypeAttrOf<AnyFloat>>:$logits_type);
-  let results = (outs 0DTensorOf<[F32]>:$loss, RankedTensorOf<[F32]>:$logsumexp);
+  let results = (outs 0DTensorOf<[F32]>:$loss, RankedTensorOf<[F32]>:$logsumexp,
+                      Optional<Moe_Tensor>:$input_grad);
   let assemblyFormat = [{
     $input `,` $weight `,` $labels attr-dict `:` functional-type(operands, results)
   }];

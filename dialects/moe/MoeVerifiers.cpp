@@ -569,6 +569,9 @@ LogicalResult LMHeadCrossEntropyOp::verify() {
   if (!logits && !element.isF32())
     return emitOpError("needs logits_type = ")
            << element << " (the input element type; only f32 logits may leave it out)";
+  if (Value grad = getInputGrad(); grad && grad.getType() != getInput().getType())
+    return emitOpError("input_grad must have the input's type ") << getInput().getType() << ", got "
+                                                                  << grad.getType();
   return success();
 }
 

@@ -104,9 +104,13 @@ private:
                        TypeAttr::get(cast<RankedTensorType>(m.head.getType()).getElementType()))};
     if (loss.getShiftLabels())
       attrs.push_back(b.getNamedAttr("shift_labels", b.getUnitAttr()));
+    // A frozen head (only the input's gradient wanted): the forward forms that gradient while
+    // each chunk's logits are at hand, and the backward computes no logits again.
+    SmallVector<Type> results = {loss.getType(), lseType};
+    if (m.headBackward && llvm::equal(m.headBackward.getGradOfInputs(), ArrayRef<int64_t>{0}))
+      results.push_back(input);
     auto fused = b.create<moe::LMHeadCrossEntropyOp>(
-        loc, TypeRange{loss.getType(), lseType},
-        ValueRange{m.head.getInput(), m.head.getWeight(), loss.getLabels()}, attrs);
+        loc, results, ValueRange{m.head.getInput(), m.head.getWeight(), loss.getLabels()}, attrs);
     loss.replaceAllUsesWith(fused.getLoss());
 
     if (m.headBackward) {
@@ -116,7 +120,8 @@ private:
       SmallVector<bool> wanted(fused->getNumOperands(), false);
       for (int64_t index : wantedInputs)
         wanted[index] = true;
-      SmallVector<Value> resultGrads = {m.lossBackward.getOutputGrads()[0], Value()};
+      SmallVector<Value> resultGrads(fused->getNumResults(), Value());
+      resultGrads[0] = m.lossBackward.getOutputGrads()[0];
       SmallVector<Value> operandGrads;
       if (failed(cast<moe::DifferentiableOpInterface>(fused.getOperation())
                      .buildBackward(b, resultGrads, wanted, operandGrads)))

@@ -34,9 +34,10 @@
 // The step: forward, loss, backward; gradients only for the adapters.
 // CHECK: fwd L0 s0 linear
 // CHECK: fwd L0 s0 lora
-// The LM head and the loss are one fused launch (--moe-fuse): the loss and a logsumexp per token.
-// CHECK: fwd s0 lm_head_cross_entropy %{{[0-9]+}}, %{{[0-9]+}}, %2 -> %{{[0-9]+}}, %{{[0-9]+}} {{{.*}}chunk_tokens=1024, ignore_index=-100, logits_type="f32", shift_labels=true
-// CHECK: bwd s0 lm_head_cross_entropy.backward {{.*}}backward_segments=[3,2,1], {{.*}}grad_of_inputs=[0]
+// The LM head and the loss are one fused launch (--moe-fuse): the loss, a logsumexp per token
+// and (the head is frozen) the input's gradient, which the backward scales.
+// CHECK: fwd s0 lm_head_cross_entropy %{{[0-9]+}}, %{{[0-9]+}}, %2 -> %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}} {{{.*}}chunk_tokens=1024, ignore_index=-100, logits_type="f32", shift_labels=true
+// CHECK: bwd s0 lm_head_cross_entropy.backward {{.*}}backward_segments=[3,3,1], {{.*}}grad_of_inputs=[0]
 // CHECK: bwd L1 s0 lora.backward {{.*}}grad_of_inputs=[0,1,2]
 // CHECK: bwd L1 s0 accumulate_grad
 // CHECK: bwd L1 s0 linear.backward {{.*}}grad_of_inputs=[0]

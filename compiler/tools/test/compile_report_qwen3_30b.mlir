@@ -24,10 +24,11 @@
 //   = 7,421,703,487,488: 7.422 T. The LM head, fused with the loss (--moe-fuse), is
 // 2 * 4096 * 2048 * 151936 = 2,549,063,090,176: 2.549 T.
 // Without recompute the frozen projections' backward is their input gradient only: 1x; the
-// fused head's backward recomputes its logits first: 2x.
+// frozen fused head forms its input's gradient in the forward (2x there) and its backward only
+// scales it.
 // CHECK: kernel forward backward recompute
 // CHECK: linear 7.422 7.422 0.000
-// CHECK: lm_head_cross_entropy 2.549 5.098 0.000
+// CHECK: lm_head_cross_entropy 5.098 0.000 0.000
 // CHECK: total
 // The weights in bf16: 30,532,122,624 * 2 bytes (each buffer rounded up to 256 bytes).
 // CHECK: memory per rank (arena sizes):

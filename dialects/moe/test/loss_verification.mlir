@@ -150,3 +150,12 @@ func.func @fused_chunk(%h: tensor<?x64xf32>, %head: tensor<256x64xf32>, %labels:
   %l, %lse = moe.lm_head_cross_entropy %h, %head, %labels {chunk_tokens = 0 : i64} : (tensor<?x64xf32>, tensor<256x64xf32>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>)
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tests that the fused head's input gradient has the input's type.
+func.func @fused_input_grad(%h: tensor<?x64xbf16>, %head: tensor<256x64xbf16>, %labels: tensor<?xi64>) -> tensor<?x64xf32> {
+  // expected-error @+1 {{'moe.lm_head_cross_entropy' op input_grad must have the input's type 'tensor<?x64xbf16>', got 'tensor<?x64xf32>'}}
+  %l, %lse, %dx = moe.lm_head_cross_entropy %h, %head, %labels {logits_type = bf16} : (tensor<?x64xbf16>, tensor<256x64xbf16>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>, tensor<?x64xf32>)
+  return %dx : tensor<?x64xf32>
+}

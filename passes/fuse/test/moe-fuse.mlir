@@ -111,7 +111,8 @@ moe.model @twice {
 
 // In the training step: the loss, its backward and the head's backward become the fused op and
 // its backward (built by the op's differentiation rule), which gives the hidden states'
-// gradient only: the head is frozen. @forward's head has no loss and stays.
+// gradient only: the head is frozen, so the forward forms that gradient (input_grad) and the
+// backward reads it. @forward's head has no loss and stays.
 // STEP-LABEL: func.func @forward(
 // STEP: moe.linear
 // STEP-LABEL: func.func @train_step(
@@ -119,9 +120,9 @@ moe.model @twice {
 // STEP: %[[N:.*]] = moe.rms_norm
 // STEP: %[[W:.*]] = moe.weight @head
 // STEP-NOT: moe.linear
-// STEP: %[[LOSS:.*]], %[[LSE:.*]] = moe.lm_head_cross_entropy %[[N]], %[[W]], %[[LABELS]] {logits_type = f32, shift_labels} : (tensor<?x16xf32>, tensor<32x16xf32>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>)
+// STEP: %[[LOSS:.*]], %[[LSE:.*]], %[[DX:.*]] = moe.lm_head_cross_entropy %[[N]], %[[W]], %[[LABELS]] {logits_type = f32, shift_labels} : (tensor<?x16xf32>, tensor<32x16xf32>, tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>, tensor<?x16xf32>)
 // STEP: %[[SEED:.*]] = moe.fill 1.000000e+00 : tensor<f32>
-// STEP: %[[DN:.*]] = moe.backward "moe.lm_head_cross_entropy"(%[[N]], %[[W]], %[[LABELS]]) outputs(%[[LOSS]], %[[LSE]]) grads(%[[SEED]])
+// STEP: %[[DN:.*]] = moe.backward "moe.lm_head_cross_entropy"(%[[N]], %[[W]], %[[LABELS]]) outputs(%[[LOSS]], %[[LSE]], %[[DX]]) grads(%[[SEED]])
 // STEP-SAME: {forward_attrs = {chunk_tokens = 1024 : i64, ignore_index = -100 : i64, logits_type = f32, shift_labels}, grad_of_inputs = array<i64: 0>, grad_of_outputs = array<i64: 0>}
 // STEP-SAME: -> tensor<?x16xf32>
 // STEP: moe.backward "moe.rms_norm"(%{{.*}}, %{{.*}}) grads(%[[DN]])

@@ -143,16 +143,27 @@ const TensorRef *BackwardLaunch::operandGrad(int64_t operand) const {
 }
 
 const TensorRef &lmHeadLossLogsumexp(const KernelContext &ctx, const BackwardLaunch &launch, int64_t rows) {
-  if (launch.numResults() != 2)
-    ctx.fail("the backward needs the forward's results (loss, logsumexp): backward_segments "
-             "must list 2 results");
-  if (launch.resultGrad(1))
-    ctx.fail("the logsumexp result takes no gradient");
+  if (launch.numResults() != 2 && launch.numResults() != 3)
+    ctx.fail("the backward needs the forward's results (loss, logsumexp[, input_grad]): "
+             "backward_segments must list 2 or 3 results");
+  if (launch.resultGrad(1) || launch.resultGrad(2))
+    ctx.fail("only the loss result takes a gradient");
   const TensorRef &lse = ctx.in(launch.numOperands() + 1);
   ctx.expectShape(lse, "logsumexp", {rows});
   if (lse.dtype != plan::F32)
     ctx.fail(std::string("logsumexp must be f32, got ") + plan::dtypeName(lse.dtype));
   return lse;
+}
+
+const TensorRef *lmHeadLossInputGrad(const KernelContext &ctx, const BackwardLaunch &launch) {
+  if (launch.numResults() != 3)
+    return nullptr;
+  const TensorRef &grad = ctx.in(launch.numOperands() + 2), &input = ctx.in(0);
+  expectSameShape(ctx, grad, "input_grad", input, "input");
+  if (grad.dtype != input.dtype)
+    ctx.fail(std::string("input_grad must have the input's type ") + plan::dtypeName(input.dtype) + ", got " +
+             plan::dtypeName(grad.dtype));
+  return &grad;
 }
 
 AdamWConstants adamwLaunch(const KernelContext &ctx) {

@@ -79,9 +79,11 @@ private:
   std::vector<int64_t> gradOfOutputs, gradOfInputs;
 };
 
-/// lm_head_cross_entropy's backward: the forward's two results (loss, logsumexp), no gradient
-/// for the logsumexp, which must be f32 [rows]; returns it.
+/// lm_head_cross_entropy's backward: the forward's results (loss, logsumexp[, input_grad]), a
+/// gradient for the loss only; the logsumexp must be f32 [rows]; returns it.
 const TensorRef &lmHeadLossLogsumexp(const KernelContext &ctx, const BackwardLaunch &launch, int64_t rows);
+/// The forward's input_grad result (the input's shape and type) when the launch passes it, else null.
+const TensorRef *lmHeadLossInputGrad(const KernelContext &ctx, const BackwardLaunch &launch);
 
 /// adamw: grad in; param, adam_m, adam_v out (updated in place), all of one shape; returns
 /// the step's constants from the launch's attributes.

@@ -14,7 +14,9 @@
 // The forward writes the loss and each counted row's logsumexp (0 elsewhere);
 // the backward recomputes each chunk's logits, turns them in place into
 // d logits = dloss / counted * (softmax - onehot) with the saved logsumexp,
-// then d input = d logits W per chunk and d weight += d logitsᵀ input.
+// then d input = d logits W per chunk and d weight += d logitsᵀ input. With
+// the input_grad result (a frozen head) the forward forms d input for
+// dloss = 1 from the logits it has, and the backward scales it by dloss.
 //
 //===----------------------------------------------------------------------===//
 
@@ -69,6 +71,14 @@ struct LmHeadLossArgs {
   }
 };
 
+/// A row of logits (as logits_type holds them) turned in place into d logits =
+/// scale (softmax - onehot(target)), rounded as the unfused loss backward's output holds them.
+void toLogitGrads(const LmHeadLossArgs &a, float *row, int64_t target, double lse, double scale) {
+  for (int64_t v = 0; v < a.s.vocab; ++v)
+    row[v] = static_cast<float>(scale * (std::exp(row[v] - lse) - (v == target ? 1.0 : 0.0)));
+  a.round(row);
+}
+
 /// log Σ_v exp(row[v]), in double as cross_entropy computes it.
 double logSumExp(const float *row, int64_t vocab) {
   double top = *std::max_element(row, row + vocab), sum = 0;
@@ -77,14 +87,24 @@ double logSumExp(const float *row, int64_t vocab) {
   return top + std::log(sum);
 }
 
-// With no counted position the loss and its gradient are 0, as cross_entropy's.
+// With no counted position the loss and its gradient are 0, as cross_entropy's. With a third
+// output (input_grad) each chunk's logits also become d logits for a loss gradient of 1, and
+// then that chunk's rows of the input gradient.
 void lmHeadCrossEntropy(KernelContext &ctx) {
   LmHeadLossArgs a(ctx);
   const int64_t rows = a.s.rows, vocab = a.s.vocab;
+  if (ctx.outputs.size() != 2 && ctx.outputs.size() != 3)
+    ctx.fail("expected 2 or 3 outputs (loss, logsumexp[, input_grad]), got " + std::to_string(ctx.outputs.size()));
   ctx.expectShape(ctx.out(0), "loss", {});
   ctx.expectShape(ctx.out(1), "logsumexp", {rows});
   float *loss = floats(ctx, ctx.out(0), "loss");
   float *lse = floats(ctx, ctx.out(1), "logsumexp");
+  float *dx = nullptr;
+  if (ctx.outputs.size() == 3) {
+    ctx.expectShape(ctx.out(2), "input_grad", {rows, a.s.hidden});
+    dx = floats(ctx, ctx.out(2), "input_grad");
+  }
+  const double scale = a.targets.counted ? 1.0 / static_cast<double>(a.targets.counted) : 0.0;
   std::vector<double> rowLoss(static_cast<size_t>(rows), 0.0);
   std::vector<float> chunk(static_cast<size_t>(a.s.chunk * vocab));
   for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
@@ -93,16 +113,23 @@ void lmHeadCrossEntropy(KernelContext &ctx) {
     ctx.parallelFor(n, [&](int64_t first, int64_t end) {
       for (int64_t r = first; r < end; ++r) {
         int64_t t = begin + r, target = a.targets.targets[t];
-        lse[t] = 0.0f;
-        if (target < 0 || vocab == 0)
-          continue;
         float *row = chunk.data() + r * vocab;
+        lse[t] = 0.0f;
+        if (target < 0 || vocab == 0) {
+          std::fill(row, row + vocab, 0.0f);
+          continue;
+        }
         a.round(row);
         double l = logSumExp(row, vocab);
         lse[t] = static_cast<float>(l);
         rowLoss[t] = l - row[target];
+        if (dx)
+          toLogitGrads(a, row, target, lse[t], scale);
       }
     });
+    if (dx) // d input = d logits W
+      gemm(false, false, n, a.s.hidden, vocab, 1.0f, chunk.data(), vocab, a.w, a.s.hidden, 0.0f,
+           dx + begin * a.s.hidden, a.s.hidden);
   }
   double sum = 0;
   for (double l : rowLoss)
@@ -123,6 +150,15 @@ void lmHeadCrossEntropyBackward(KernelContext &ctx) {
     std::fill(dw, dw + vocab * hidden, 0.0f);
   if (!dx && !dw)
     return;
+  if (const TensorRef *saved = checks::core::lmHeadLossInputGrad(ctx, launch); saved && dx) {
+    // The forward formed d input for a loss gradient of 1: scale it; only d weight needs logits.
+    const float *g = saved->f32();
+    for (int64_t i = 0; i < rows * hidden; ++i)
+      dx[i] = dloss * g[i];
+    dx = nullptr;
+    if (!dw)
+      return;
+  }
   double scale = a.targets.counted ? dloss / static_cast<double>(a.targets.counted) : 0.0;
   std::vector<float> chunk(static_cast<size_t>(a.s.chunk * vocab));
   for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
@@ -138,10 +174,7 @@ void lmHeadCrossEntropyBackward(KernelContext &ctx) {
           continue;
         }
         a.round(row); // the logits the forward saw
-        double l = lse[t];
-        for (int64_t v = 0; v < vocab; ++v)
-          row[v] = static_cast<float>(scale * (std::exp(row[v] - l) - (v == target ? 1.0 : 0.0)));
-        a.round(row); // as the unfused loss backward's output buffer holds it
+        toLogitGrads(a, row, target, lse[t], scale);
       }
     });
     if (dx) // d input = d logits W

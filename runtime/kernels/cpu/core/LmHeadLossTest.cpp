@@ -180,6 +180,43 @@ TEST(LmHeadCrossEntropy, Bf16LogitsRoundWhereTheUnfusedBuffersDo) {
   }
 }
 
+// A frozen head's form (--moe-fuse): the forward's input_grad is the backward's input gradient
+// for a loss gradient of 1, and the backward that reads it gives the gradients of the form
+// without it (exactly at d loss 1, where the scaling is exact; in bf16 logits too).
+TEST(LmHeadCrossEntropy, InputGradFromTheForwardMatchesTheBackward) {
+  for (const HeadCase &c : headCases())
+    for (bool bf16 : {false, true})
+      for (std::vector<int64_t> wrt : {std::vector<int64_t>{0}, {0, 1}})
+        for (float dloss : {1.0f, 0.7f}) {
+          std::string what = c.name + (bf16 ? ", bf16 logits" : "") + (wrt.size() == 2 ? ", both grads" : "") +
+                             ", d loss " + std::to_string(dloss);
+          auto make = [&] {
+            KernelCall fused = fusedCall(c, 90, labelsFor(c));
+            if (bf16)
+              fused.attr("logits_type", "bf16");
+            return fused;
+          };
+          KernelCall plain = make();
+          KernelCall plainBackward = backwardWithResultsOf(plain, wrt, {{0, floatTensor({}, {dloss})}});
+          plainBackward.run();
+          KernelCall saving = make();
+          saving.output(plan::F32, {c.batch * c.seq, c.hidden});
+          KernelCall savedBackward = backwardWithResultsOf(saving, wrt, {{0, floatTensor({}, {dloss})}});
+          savedBackward.run();
+          EXPECT_EQ(saving.result(0).floats(), plain.result(0).floats()) << what << ": loss";
+          EXPECT_EQ(saving.result(1).floats(), plain.result(1).floats()) << what << ": logsumexp";
+          if (dloss == 1.0f) {
+            EXPECT_EQ(saving.result(2).floats(), plainBackward.result(0).floats()) << what << ": input_grad";
+            EXPECT_EQ(savedBackward.result(0).floats(), plainBackward.result(0).floats()) << what;
+          } else { // with bf16 logits, d logits round at scale 1 / counted instead of dloss / counted
+            expectNear(savedBackward.result(0).floats(), widen(plainBackward.result(0)), bf16 ? 5e-4 : 1e-6,
+                       what + ": input gradient");
+          }
+          if (wrt.size() == 2)
+            EXPECT_EQ(savedBackward.result(1).floats(), plainBackward.result(1).floats()) << what << ": weight";
+        }
+}
+
 TEST(LmHeadCrossEntropy, BackwardMatchesFiniteDifferences) {
   for (const HeadCase &c : headCases()) {
     KernelCall fused = fusedCall(c, 30, labelsFor(c));
@@ -280,7 +317,7 @@ TEST(LmHeadCrossEntropy, RejectsBadLaunches) {
   EXPECT_THAT(failureOf(noResults), HasSubstr("needs the forward's results"));
   KernelCall lseGrad =
       backwardWithResultsOf(fused, {0}, {{0, floatTensor({}, {1.0f})}, {1, randomTensor({21}, 3)}});
-  EXPECT_THAT(failureOf(lseGrad), HasSubstr("the logsumexp result takes no gradient"));
+  EXPECT_THAT(failureOf(lseGrad), HasSubstr("only the loss result takes a gradient"));
   KernelCall labelsGrad = backwardWithResultsOf(fused, {2}, {{0, floatTensor({}, {1.0f})}});
   EXPECT_THAT(failureOf(labelsGrad), HasSubstr("operand 2 has no gradient"));
 }

@@ -14,6 +14,9 @@
 //             d weight += d logitsᵀ input (f32 across the chunks: in the
 //             gradient itself when it is f32, else in an f32 accumulator
 //             rounded once at the end).
+//   input_grad (a frozen head): the forward turns each chunk into d logits
+//             for dloss = 1 right after its row reductions and writes that
+//             chunk's d input; the backward scales it by dloss.
 //
 // Labels are read on the device: a label that is neither ignore_index nor a
 // class makes the loss and every gradient NaN, where the CPU refuses the launch.
@@ -114,6 +117,14 @@ __global__ void headLossGradKernel(FloatOut chunk, int64_t begin, LossTargets ta
   }
 }
 
+/// out[i] = *scale * in[i] (the input gradient the forward formed, for a loss gradient of 1).
+__global__ void scaleKernel(FloatIn in, FloatIn scale, FloatOut out, int64_t n) {
+  const float s = scale[0];
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out.set(i, s * in[i]);
+}
+
 /// out[i] = in[i], rounded to out's storage type.
 __global__ void roundKernel(const float *in, FloatOut out, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -121,25 +132,59 @@ __global__ void roundKernel(const float *in, FloatOut out, int64_t n) {
     out.set(i, in[i]);
 }
 
-// With no counted position the loss and its gradient are 0, as cross_entropy's.
+/// d input rows [begin, begin + n) = d logits W, into `dx` (f32 or the storage type).
+void inputGradRows(const KernelContext &ctx, const LmHeadLossArgs &a, int64_t begin, int64_t n, const void *dlogits,
+                   const TensorRef &dx) {
+  gemm(ctx, false, false, n, a.s.hidden, a.s.vocab, 1.0f, dlogits, a.s.vocab, a.weight.data, a.s.hidden, a.storage,
+       0.0f, static_cast<uint8_t *>(dx.data) + begin * a.s.hidden * plan::dtypeSize(dx.dtype), a.s.hidden,
+       dx.dtype);
+}
+
+// With no counted position the loss and its gradient are 0, as cross_entropy's. With a third
+// output (input_grad) each chunk's logits also become d logits for a loss gradient of 1 and
+// then that chunk's rows of the input gradient: the backward computes no logits again.
 void lmHeadCrossEntropy(KernelContext &ctx) {
   LmHeadLossArgs a(ctx);
   const int64_t rows = a.s.rows, vocab = a.s.vocab;
+  if (ctx.outputs.size() != 2 && ctx.outputs.size() != 3)
+    ctx.fail("expected 2 or 3 outputs (loss, logsumexp[, input_grad]), got " + std::to_string(ctx.outputs.size()));
   ctx.expectShape(ctx.out(0), "loss", {});
   ctx.expectShape(ctx.out(1), "logsumexp", {rows});
   FloatOut loss = floatOut(ctx, ctx.out(0), "loss");
   if (ctx.out(1).dtype != plan::F32)
     ctx.fail(std::string("logsumexp must be f32, got ") + plan::dtypeName(ctx.out(1).dtype));
   float *lse = static_cast<float *>(ctx.out(1).data);
+  const TensorRef *dx = ctx.outputs.size() == 3 ? &ctx.out(2) : nullptr;
+  if (dx) {
+    ctx.expectShape(*dx, "input_grad", {rows, a.s.hidden});
+    if (dx->dtype != a.storage)
+      ctx.fail(std::string("input_grad must have the input's type ") + plan::dtypeName(a.storage) + ", got " +
+               plan::dtypeName(dx->dtype));
+  }
   Workspace ws(ctx);
   float *rowLoss = ws.alloc<float>(rows);
   void *chunk = ws.bytes(static_cast<size_t>(std::max<int64_t>(1, a.s.chunk * vocab * a.elementBytes())));
+  float *scale = nullptr; // 1 / counted rows: the loss gradient 1 spread over the mean
+  if (dx && vocab > 0) {
+    float *one = ws.alloc<float>(2);
+    fillFloats(ctx, FloatOut{one, false}, 1, 1.0f);
+    scale = one + 1;
+    lossGradScale(ctx, a.targets, rows, FloatIn{one, false}, scale);
+  } else if (dx) { // no class: nothing counts
+    fillFloats(ctx, floatOut(ctx, *dx, "input_grad"), rows * a.s.hidden, 0.0f);
+  }
   for (int64_t begin = 0; begin < rows; begin += a.s.chunk) {
     int64_t n = std::min(a.s.chunk, rows - begin);
     a.logits(ctx, begin, n, chunk);
     headLossRowsKernel<<<blockCount(ctx, n), a.threads(), 0, streamOf(ctx)>>>(
         FloatIn{chunk, a.storage == plan::BF16}, begin, a.targets, vocab, lse, rowLoss);
     checkLaunch(ctx, "lm_head_cross_entropy");
+    if (scale) {
+      headLossGradKernel<<<blockCount(ctx, n), a.threads(), 0, streamOf(ctx)>>>(
+          FloatOut{chunk, a.storage == plan::BF16}, begin, a.targets, vocab, lse, scale);
+      checkLaunch(ctx, "lm_head_cross_entropy (input gradient)");
+      inputGradRows(ctx, a, begin, n, chunk, *dx);
+    }
   }
   meanLoss(ctx, a.targets, rowLoss, rows, loss);
 }
@@ -170,6 +215,16 @@ void lmHeadCrossEntropyBackward(KernelContext &ctx) {
       fillFloats(ctx, floatOut(ctx, *dxRef, "the input gradient"), rows * hidden, 0.0f);
     return;
   }
+  if (const TensorRef *saved = checks::core::lmHeadLossInputGrad(ctx, launch); saved && dxRef) {
+    // The forward formed d input for a loss gradient of 1: scale it; only d weight needs logits.
+    scaleKernel<<<gridFor(rows * hidden), kThreads, 0, streamOf(ctx)>>>(
+        FloatIn{saved->data, saved->dtype == plan::BF16}, dloss,
+        floatOut(ctx, *dxRef, "the input gradient"), rows * hidden);
+    checkLaunch(ctx, "lm_head_cross_entropy.backward (input gradient)");
+    dxRef = nullptr;
+    if (!dwRef)
+      return;
+  }
   float *scale = ws.alloc<float>(1);
   lossGradScale(ctx, a.targets, rows, dloss, scale);
   void *chunk = ws.bytes(static_cast<size_t>(std::max<int64_t>(1, a.s.chunk * vocab * a.elementBytes())));
@@ -181,9 +236,7 @@ void lmHeadCrossEntropyBackward(KernelContext &ctx) {
                                                                               lse, scale);
     checkLaunch(ctx, "lm_head_cross_entropy.backward");
     if (dxRef) // d input = d logits W
-      gemm(ctx, false, false, n, hidden, vocab, 1.0f, chunk, vocab, a.weight.data, hidden, a.storage,
-           0.0f, static_cast<uint8_t *>(dxRef->data) + begin * hidden * plan::dtypeSize(dxRef->dtype),
-           hidden, dxRef->dtype);
+      inputGradRows(ctx, a, begin, n, chunk, *dxRef);
     if (dwRef) // d weight += d logitsᵀ input
       gemm(ctx, true, false, vocab, hidden, n, 1.0f, chunk, vocab, a.inputRows(begin), hidden, a.storage,
            begin == 0 ? 0.0f : 1.0f, dwAcc, hidden, plan::F32);

@@ -3,7 +3,8 @@
 // The CPU twin (itself checked against linear then cross_entropy in
 // cpu/core/LmHeadLossTest.cpp) is the oracle, in f32 and in bf16 storage, on
 // token counts no chunk divides, vocabularies that are not multiples of any
-// block, several sequences, ignored labels, and every gradient combination.
+// block, several sequences, ignored labels, and every gradient combination;
+// the frozen head's form too (input_grad from the forward, the backward from it).
 //
 //===----------------------------------------------------------------------===//
 
@@ -156,6 +157,38 @@ TEST(CudaLmHeadCrossEntropy, BackwardWithBf16Seed) {
         name(c) + " backward, bf16 d loss", options);
 }
 
+/// fusedCall with the input_grad result (a frozen head's form: the input's gradient from the forward).
+KernelCall savingCall(const HeadCase &c, uint64_t seed, plan::DType storage) {
+  KernelCall call = fusedCall(c, seed, storage);
+  call.output(plan::F32, {c.batch * c.seq, c.hidden});
+  return call;
+}
+
+TEST(CudaLmHeadCrossEntropy, InputGradMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CudaCompareOptions options;
+  options.f32Outputs = {0, 1}; // input_grad is in the storage type
+  for (const HeadCase &c : headCases())
+    expectMatchesCpuBoth([&](plan::DType storage) { return savingCall(c, 75, storage); },
+                         name(c) + " with input_grad", options);
+}
+
+TEST(CudaLmHeadCrossEntropy, BackwardFromInputGradMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CudaCompareOptions options;
+  options.f32Inputs = {3, 4, 6}; // the loss, the logsumexp and d loss (input_grad: the storage type)
+  for (const HeadCase &c : headCases())
+    for (std::vector<int64_t> wrt : {std::vector<int64_t>{0}, {0, 1}})
+      for (float dloss : {1.0f, 0.7f})
+        expectMatchesCpuBoth(
+            [&](plan::DType storage) {
+              KernelCall forward = savingCall(c, 76, storage);
+              return backwardWithResultsOf(forward, wrt, {{0, floatTensor({}, {dloss})}});
+            },
+            name(c) + " backward from input_grad of " + shapeText(wrt) + ", d loss " + std::to_string(dloss),
+            options);
+}
+
 // Every launch above runs on the CPU oracle (checked here, without a GPU, so that a GPU run
 // compares kernels instead of finding a bad test launch).
 TEST(CudaLmHeadCrossEntropy, LaunchesAreValidOnTheCpu) {
@@ -166,6 +199,9 @@ TEST(CudaLmHeadCrossEntropy, LaunchesAreValidOnTheCpu) {
         KernelCall backward = backwardWithResultsOf(forward, wrt, {{0, floatTensor({}, {0.7f})}});
         backward.run();
       }
+      KernelCall saving = savingCall(c, 74, storage);
+      KernelCall fromSaved = backwardWithResultsOf(saving, {0, 1}, {{0, floatTensor({}, {0.7f})}});
+      fromSaved.run();
       EXPECT_EQ(forward.result(0).floats()[0] == 0.0f, c.nothingCounted) << name(c);
     }
 }
@@ -185,7 +221,7 @@ TEST(CudaLmHeadCrossEntropy, RefusesWhatTheCpuRefuses) {
   KernelCall forward = fusedCall(c, 1, plan::F32);
   KernelCall lseGrad =
       backwardWithResultsOf(forward, {0}, {{0, floatTensor({}, {1.0f})}, {1, randomTensor({21}, 3)}});
-  EXPECT_NE(cudaFailureOf(lseGrad).find("the logsumexp result takes no gradient"), std::string::npos);
+  EXPECT_NE(cudaFailureOf(lseGrad).find("only the loss result takes a gradient"), std::string::npos);
 }
 
 } // namespace
