@@ -22,11 +22,13 @@ def BuildTrainingStepPass : Pass<"moe-build-training-step", "::moec::moe::ModelO
     `@<t>_fwd_recompute`/`@<t>_bwd_recompute`: the forward saves only the
     routing (router weights and indices, sparse-attention indices) and the
     backward re-runs the rest of the layer (ops marked `recomputed`), never
-    re-deciding a routing. With `recompute=regather` (`@<t>_fwd_regather`) a
-    layer saves what `none` saves except the copies a `moe.dispatch` makes for
-    a `moe.expert_mlp` (top-k rows per token, an MoE layer's largest saved
-    value): the backward gathers them again from the saved tokens and
-    routing. The optimizer is a `moe.optimizer`.
+    re-deciding a routing. With `recompute=regather` (`@<t>_fwd_regather`) an
+    MoE layer saves what `none` saves except the copies a `moe.dispatch` makes
+    for a `moe.expert_mlp` (top-k rows per token, an MoE layer's largest saved
+    value) and the outputs of its norms and RoPE: the backward gathers the
+    copies again from the saved tokens and routing and re-runs the norms and
+    RoPE on what they read (the layer input, projections a norm's backward
+    reads anyway). The optimizer is a `moe.optimizer`.
 
     Before (after `--moe-inject-lora`):
     ```mlir
@@ -55,7 +57,7 @@ def BuildTrainingStepPass : Pass<"moe-build-training-step", "::moec::moe::ModelO
   let options = [
     Option<"recompute", "recompute", "std::string", "\"none\"",
            "What layers keep for their backward: none (save every value read), regather (as "
-           "none, but gather the experts' token copies again) or per-layer (save inputs and "
+           "none, but gather the experts' token copies and run norms and RoPE again) or per-layer (save inputs and "
            "routing, recompute the rest)">,
     Option<"lr", "lr", "double", "1e-4", "Peak learning rate">,
     Option<"beta1", "beta1", "double", "0.9", "AdamW beta1">,

@@ -76,6 +76,12 @@ namespace {
 /// recomputation: re-deciding them could pick different experts in the backward.
 bool isRouting(Operation *op) { return isa<moe::RouterOp, moe::DSAIndexerOp>(op); }
 
+/// What the regather policy runs again in the backward instead of saving: the dispatch's gather
+/// (top-k rows per token from the saved tokens and routing) and the norms and RoPE (per-row
+/// work on inputs the backward mostly keeps anyway: the layer input, a projection that its
+/// norm's backward reads). Each re-run is a cheap pass over one activation.
+bool rerunUnderRegather(Operation *op) { return isa<moe::DispatchOp, moe::RMSNormOp, moe::RopeOp>(op); }
+
 /// Whether a forward op's results are read by an op of the backward.
 bool readByBackward(Operation *op, const llvm::SmallPtrSetImpl<Operation *> &isForward) {
   return llvm::any_of(op->getUsers(), [&](Operation *user) { return !isForward.contains(user); });
@@ -188,12 +194,14 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   llvm::DenseMap<Value, Value> toForwardValue;
   for (auto [original, copy] : toBackward.getValueMap())
     toForwardValue[copy] = original;
-  // Regather: the dispatches the backward reads stay in it (recomputed); what they read is
-  // saved in their place.
-  llvm::SmallPtrSet<Operation *, 4> regathered;
+  // Regather: the dispatches, norms and RoPE whose results the backward reads (itself or
+  // through another of them) stay in it (recomputed); what they read is saved in their place.
+  llvm::SmallPtrSet<Operation *, 8> regathered;
   if (policy == Recompute::Regather)
-    for (Operation *op : forwardOps)
-      if (isa<moe::DispatchOp>(op) && readByBackward(op, isForward))
+    for (Operation *op : llvm::reverse(forwardOps))
+      if (rerunUnderRegather(op) &&
+          (readByBackward(op, isForward) ||
+           llvm::any_of(op->getUsers(), [&](Operation *user) { return regathered.contains(user); })))
         regathered.insert(op);
   SmallVector<Value> saved;
   for (Operation *op : forwardOps) {

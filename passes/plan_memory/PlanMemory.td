@@ -24,7 +24,8 @@ def PlanMemoryPass : Pass<"moe-plan-memory", "::moec::moe::ModelOp"> {
 
     With `memory-cap` (bytes, or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB),
     a plan above the cap first lets every MoE layer gather its experts' token
-    copies again in the backward instead of saving them (the `regather`
+    copies and run its norms and RoPE again in the backward instead of saving
+    their results (the `regather`
     pair of `--moe-build-training-step`; `regather_layers` lists the layers);
     if that is not enough, it switches layers to per-layer recomputation,
     first layers first (their saved values live longest), until it fits; the

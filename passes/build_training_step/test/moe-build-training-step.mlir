@@ -50,12 +50,17 @@
 // RECOMPUTE-LABEL: func.func @train_step
 // RECOMPUTE: moe.optimizer {{{.*}}lr = 2.000000e-04 : f64{{.*}}total_steps = 50 : i64, warmup_steps = 5 : i64
 
-// Regather: the forward saves what `none` saves but the dispatch's expert copies (it saves the
-// normed tokens and the routing the dispatch reads instead); the backward gathers the copies
-// again, marked `recomputed`, and nothing else of the forward runs twice.
+// Regather: the forward saves what `none` saves but the dispatch's expert copies and the
+// norm's output (it saves what they read: the tokens the dispatch reads and the routing; the
+// norm's input is the layer input); the backward runs the norm and the gather again, marked
+// `recomputed`, and nothing else of the forward runs twice.
 // REGATHER: moe.model @tiny attributes {recompute = "regather"}
+// REGATHER-LABEL: moe.layer @block_fwd_regather(
+// REGATHER-SAME: -> (tensor<?x16xf32>, tensor<?x16xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<?x16xf32>)
 // REGATHER-LABEL: moe.layer @block_bwd_regather(
-// REGATHER-NOT: moe.rms_norm %
+// REGATHER-NOT: moe.expert_mlp %
+// REGATHER: moe.rms_norm %arg0, %{{.*}} recomputed
+// REGATHER-NOT: moe.linear %
 // REGATHER-NOT: moe.expert_mlp %
 // REGATHER: %[[TOK:.*]], %[[CNT:.*]] = moe.dispatch %{{.*}}, %{{.*}} {{{.*}}recomputed}
 // REGATHER-NOT: moe.expert_mlp %
