@@ -19,14 +19,9 @@
 // ones. Rows past an expert's last row are copied too (another expert's, or
 // zeros past the buffer): they only reach output rows the epilogue skips.
 //
-// Shared tiles use the 128-byte swizzle that both TMA and the wgmma
-// descriptors name: a row of 64 bf16 is 128 bytes, its 16-byte chunk c stored
-// at chunk c ^ (row % 8), every tile 1024-byte aligned.
-//  - X [rows][k] and W_e [n][k] (RowsNT) are K-major: 8-row groups 1024 bytes
-//    apart (the descriptor's stride offset), a k16 step 32 bytes further.
-//  - W_e [k][n] (RowsNN) is MN-major (wgmma transposes it): two 64-column
-//    boxes of [64 k][64 n], 8192 bytes apart (leading offset), 8-k groups
-//    1024 bytes apart (stride offset), a k16 step 2048 bytes further.
+// Shared tiles use the 128-byte swizzle (Hopper.cuh): X [rows][k] and W_e
+// [n][k] (RowsNT) are K-major; W_e [k][n] (RowsNN) is MN-major, two 64-column
+// boxes of [64 k][64 n] 8192 bytes apart (the descriptor's leading offset).
 //
 // Needs sm_90a (compiled with -gencode=arch=compute_90a,code=sm_90a).
 //
@@ -34,13 +29,11 @@
 
 #include "runtime/kernels/cuda/routing/GroupedGemmWgmma.cuh"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <string>
 
 #include "runtime/kernels/cuda/CudaCommon.cuh"
+#include "runtime/kernels/cuda/Hopper.cuh"
 #include "runtime/kernels/cuda/routing/GroupedGemmTiles.cuh"
 #include "runtime/kernels/cuda/routing/Silu.cuh"
 
@@ -48,55 +41,19 @@ namespace moec::runtime::cuda::routing {
 
 namespace {
 
+using hopper::descriptor;
+using hopper::mbarrierArrive;
+using hopper::mbarrierExpectBytes;
+using hopper::mbarrierInit;
+using hopper::mbarrierWait;
+using hopper::tmaLoad;
+using hopper::wgmma128;
+using hopper::wgmmaCommit;
+using hopper::wgmmaFence;
+using hopper::wgmmaWait;
+
 constexpr int kBM = 128, kBN = 128, kBK = 64;
 constexpr int kTileBytes = kBM * kBK * 2; // one operand's tile: 128 rows of 128 bytes
-
-/// A shared-memory matrix descriptor with the 128-byte swizzle.
-__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading,
-                                               uint32_t stride) {
-  return static_cast<uint64_t>((address & 0x3ffff) >> 4) |
-         static_cast<uint64_t>(leading >> 4) << 16 | static_cast<uint64_t>(stride >> 4) << 32 |
-         1ull << 62;
-}
-
-__device__ __forceinline__ void wgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-/// Waits until at most N committed groups of this warpgroup's products are pending.
-template <int N> __device__ __forceinline__ void wgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-/// d[64 x 128] += A[64 x 16] B[16 x 128]; kTransB: B stored MN-major.
-template <bool kTransB>
-__device__ __forceinline__ void wgmma128(float (&d)[64], uint64_t descA, uint64_t descB) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, %67;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
-        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-        "+f"(d[62]), "+f"(d[63])
-      : "l"(descA), "l"(descB), "r"(1), "n"(kTransB ? 1 : 0));
-}
 
 /// One output element of the gated modes, from its accumulators: Glu stores h in `c`; GluGrad
 /// stores the gate's gradient (from dh's element `d`) in `c`, the up projection's in `c2` (like
@@ -178,44 +135,6 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
 struct TmaMaps {
   CUtensorMap a, b, a2, b2;
 };
-
-__device__ __forceinline__ void mbarrierInit(uint64_t *bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sharedAddress(bar)), "r"(count)
-               : "memory");
-}
-/// Arrives on `bar` and raises the bytes its phase waits for by `bytes`.
-__device__ __forceinline__ void mbarrierExpectBytes(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sharedAddress(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrierArrive(uint64_t *bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sharedAddress(bar)) : "memory");
-}
-/// Waits for the completion of the phase of `bar` with this parity.
-__device__ __forceinline__ void mbarrierWait(uint64_t *bar, int parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(sharedAddress(bar)), "r"(parity)
-                 : "memory");
-}
-/// A box of `map` at coordinates (c0 innermost, c1[, c2]) into shared `dst`; completes on `bar`.
-__device__ __forceinline__ void tmaLoad(void *dst, const CUtensorMap &map, int c0, int c1, uint64_t *bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-               "{%2, %3}], [%4];\n" ::"r"(sharedAddress(dst)),
-               "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(sharedAddress(bar))
-               : "memory");
-}
-__device__ __forceinline__ void tmaLoad(void *dst, const CUtensorMap &map, int c0, int c1, int c2,
-                                        uint64_t *bar) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-               "{%2, %3, %4}], [%5];\n" ::"r"(sharedAddress(dst)),
-               "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(sharedAddress(bar))
-               : "memory");
-}
 
 /// findRowTile for one warp, no shared memory or block barrier (the persistent kernel's
 /// warps walk the tiles at their own pace).
@@ -356,42 +275,12 @@ __global__ void __launch_bounds__(3 * 128, 1)
 #endif
 }
 
-/// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
-PFN_cuTensorMapEncodeTiled_v12000 encodeTiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void *f = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-/// A bf16 tensor map with the 128-byte swizzle: dims / strides (bytes, from the second
-/// dimension on) / box, innermost first.
-CUtensorMap tensorMap(const KernelContext &ctx, const void *base, int rank, const uint64_t *dims,
-                      const uint64_t *strides, const uint32_t *box) {
-  CUtensorMap map;
-  uint32_t elementStrides[3] = {1, 1, 1};
-  CUresult r = encodeTiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void *>(base), dims,
-                             strides, box, elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    ctx.fail("grouped GEMM (wgmma): cannot describe an operand to the tensor memory accelerator "
-             "(cuTensorMapEncodeTiled error " + std::to_string(static_cast<int>(r)) + ")");
-  return map;
-}
-
 /// X [rows, k] (row stride ld) in boxes of 128 rows x 64 k.
 CUtensorMap rowsMap(const KernelContext &ctx, const void *x, int64_t rows, int64_t k, int64_t ld) {
   uint64_t dims[2] = {static_cast<uint64_t>(k), static_cast<uint64_t>(rows)};
   uint64_t strides[1] = {static_cast<uint64_t>(ld) * 2};
   uint32_t box[2] = {kBK, kBM};
-  return tensorMap(ctx, x, 2, dims, strides, box);
+  return hopper::tensorMap(ctx, "grouped GEMM (wgmma)", x, 2, dims, strides, box);
 }
 
 /// The experts' W_e [n, k] (K-major: boxes 64 k x 128 n) or [k, n] (boxes 64 n x 64 k).
@@ -400,7 +289,7 @@ CUtensorMap weightsMap(const KernelContext &ctx, const void *w, const GroupedPar
                       static_cast<uint64_t>(p.experts)};
   uint64_t strides[2] = {static_cast<uint64_t>(p.ldb) * 2, static_cast<uint64_t>(p.bStride) * 2};
   uint32_t box[3] = {64, kMajor ? 128u : 64u, 1};
-  return tensorMap(ctx, w, 3, dims, strides, box);
+  return hopper::tensorMap(ctx, "grouped GEMM (wgmma)", w, 3, dims, strides, box);
 }
 
 template <bool kTransB, typename CT, int kMode>
@@ -470,6 +359,6 @@ void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, const Wg
   }
 }
 
-bool wgmmaAvailable() { return encodeTiled() != nullptr; }
+bool wgmmaAvailable() { return hopper::encodeTiled() != nullptr; }
 
 } // namespace moec::runtime::cuda::routing
