@@ -10,6 +10,10 @@
 // storage, (head dim, value dim) = (64, 64), (128, 128), (256, 256) and
 // (192, 128) take the tensor-core path (Flash.cu), the rest the general kernels.
 //
+// The bf16 forward with head dims 128 and neither window nor sinks runs on
+// wgmma (FlashWgmma.cu) on a Hopper GPU: the fast-path shapes of that kind
+// (ragged, exact and single-token query tiles, GQA 1, 4, 8) check it.
+//
 // CudaAttentionFastPathTest: the tensor-core path on its own, BF16 only, at
 // sizes that cross its tiles (128 queries / 64 or 32 keys forward and dQ, 128
 // or 64 keys / 64 queries dK/dV): head dims 64, 128, 256 (Qwen3-Next) and
@@ -262,6 +266,11 @@ INSTANTIATE_TEST_SUITE_P(
         Config{4, 1, 64, 64, 130, 64, false, 2},    // window of one key tile
         Config{4, 2, 128, 128, 130, 1, true, 2},    // window 1: each token sees itself
         Config{4, 4, 128, 128, 1, 0, true, 3},      // single-token sequences
+        // The wgmma forward (head dims 128, no window or sinks): one exact 128-query tile,
+        // single tokens, and many tiles with GQA 8:1 (the others above cover ragged tiles).
+        Config{4, 1, 128, 128, 128, 0, false, 3},
+        Config{2, 2, 128, 128, 1, 0, false, 3},
+        Config{16, 2, 128, 128, 700, 0, false, 2},
         // Head dim 256 (Qwen3-Next: 16 heads, 2 kv heads): 32-key tiles, dK/dV in warp pairs.
         Config{16, 2, 256, 256, 257, 0, false, 2},  // GQA 8:1, 3 query / 9 key / 5 dK tiles
         Config{8, 8, 256, 256, 100, 0, true, 2},    // MHA, sinks, one partial query tile

@@ -1,6 +1,7 @@
 //===- Dense.cu - causal (sliding-window) softmax attention in key tiles --===//
 //
-// Two paths, chosen per launch by flashFits (Flash.cu):
+// Forward launches FlashWgmma.cu covers (bf16, head dims 128, causal, Hopper)
+// go there first. Then two paths, chosen per launch by flashFits (Flash.cu):
 //
 //   Fast (Flash.cu, tensor cores): query, key, value (and the result
 //   gradient) in bf16 storage, 16-byte aligned rows (both parts of query and
@@ -525,6 +526,10 @@ void statisticsFromResult(const KernelContext &ctx, const AttnParams &P, float *
 void denseForward(const KernelContext &ctx, const AttnParams &P) {
   if (P.L <= 0 || P.B <= 0 || P.H <= 0)
     return;
+  if (wgmmaForwardFits(P)) {
+    wgmmaForward(ctx, P);
+    return;
+  }
   if (flashFits(P, /*backward=*/false)) {
     flashForward(ctx, P);
     return;

@@ -65,6 +65,12 @@ void denseForward(const KernelContext &ctx, const AttnParams &P);
 /// when not null), using scratch for the statistics.
 void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, FloatOut dSinks);
 
+/// Whether the wgmma forward (FlashWgmma.cu, sm_90a) covers this launch: bf16, head dim and
+/// value dim 128, causal without window or sinks, a bf16 result, on a compute capability 9.0 GPU;
+/// denseForward tries it first.
+bool wgmmaForwardFits(const AttnParams &P);
+void wgmmaForward(const KernelContext &ctx, const AttnParams &P);
+
 /// Whether the tensor-core kernels of Flash.cu cover this launch (Dense.cu
 /// says which launches do); denseForward / denseBackward dispatch on it.
 bool flashFits(const AttnParams &P, bool backward);
