@@ -83,6 +83,24 @@ __device__ __forceinline__ void wgmma128(float (&d)[64], uint64_t descA, uint64_
       : "l"(descA), "l"(descB), "r"(1), "n"(kTransB ? 1 : 0));
 }
 
+/// d[64 x 64] += A[64 x 16] B[16 x 64], both from shared memory; kTransB: B stored MN-major.
+template <bool kTransB>
+__device__ __forceinline__ void wgmma64(float (&d)[32], uint64_t descA, uint64_t descB) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, 1, 1, 1, 0, %34;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(descA), "l"(descB), "n"(kTransB ? 1 : 0));
+}
+
 /// d[64 x 128] += A[64 x 16] B[16 x 128] with A in registers (each warp's 16 rows as
 /// mma.m16n8k16's A fragment: the accumulator layout of two n8 blocks, packed to bf16 pairs) and
 /// B MN-major in shared memory.

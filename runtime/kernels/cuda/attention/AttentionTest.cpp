@@ -10,9 +10,10 @@
 // storage, (head dim, value dim) = (64, 64), (128, 128), (256, 256) and
 // (192, 128) take the tensor-core path (Flash.cu), the rest the general kernels.
 //
-// The bf16 forward with head dims 128 and neither window nor sinks runs on
-// wgmma (FlashWgmma.cu) on a Hopper GPU: the fast-path shapes of that kind
-// (ragged, exact and single-token query tiles, GQA 1, 4, 8) check it.
+// The bf16 forward and backward with head dims 128 and neither window nor
+// sinks run on wgmma (FlashWgmma.cu) on a Hopper GPU: the fast-path shapes of
+// that kind (ragged, exact and single-token tiles, GQA 1, 4, 8, the dK/dV
+// head slicing forced each way) check them.
 //
 // CudaAttentionFastPathTest: the tensor-core path on its own, BF16 only, at
 // sizes that cross its tiles (128 queries / 64 or 32 keys forward and dQ, 128
@@ -286,11 +287,13 @@ INSTANTIATE_TEST_SUITE_P(
 TEST_F(CudaAttentionFastPathTest, EveryDkDvHeadSlicing) {
   // The dK/dV kernel takes heads-per-block (1 = partial sums per head, summed in order;
   // the group size = one block loops over all heads) from the problem size; force each.
-  for (const Config &c : {Config{8, 1, 128, 128, 257, 0, true, 2}, Config{8, 1, 256, 256, 257, 0, true, 2},
-                          Config{4, 2, 192, 128, 200, 0, true, 2}})
+  // (the second config runs on FlashWgmma.cu's dK/dV: head dims 128, neither window nor sinks)
+  for (const Config &c : {Config{8, 1, 128, 128, 257, 0, true, 2}, Config{8, 1, 128, 128, 300, 0, false, 2},
+                          Config{8, 1, 256, 256, 257, 0, true, 2}, Config{4, 2, 192, 128, 200, 0, true, 2}})
     for (const char *heads : {"1", "2", "8"}) {
       setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", heads, 1); // ignored where it does not divide the group
-      checkBackward(c, {0, 1, 2, 3}, std::string("backward, heads per dK/dV block ") + heads);
+      checkBackward(c, c.sinks ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0, 1, 2},
+                    std::string("backward, heads per dK/dV block ") + heads);
     }
   unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
 }

@@ -39,6 +39,8 @@
 //   dQ: blocks as the forward (its own tile shape: 32-key tiles beyond head
 //     dim 128); dS = P (dP - D) from S = Q Kᵀ and dP = dO Vᵀ, dQ += dS K over
 //     the visible key tiles.
+//   Where FlashWgmma.cu covers a backward (head dims 128, causal, Hopper),
+//   its dK/dV and dQ kernels run instead of these two.
 //
 // Only visible tiles are visited, and within a block a warp skips a tile it
 // cannot see; masks are applied per element only on tiles that need them.
@@ -1378,19 +1380,26 @@ void flashBackward(const KernelContext &ctx, const AttnParams &P, Scratch &scrat
     if (wantSinks)
       reduceSinks(ctx, f.sinkPart, f.rows, P.H, dSinks);
     if (wantDkDv) {
-      f.headsPerBlock = headsPerKvBlock(P, pairedDkDv(DK, DV) ? kPairKeys : kKvKeys);
+      // FlashWgmma.cu's dK/dV takes 128 keys a CTA, as this file's (not paired) does.
+      const bool wgmma = wgmmaDkDvFits(P);
+      f.headsPerBlock = headsPerKvBlock(P, wgmma || !pairedDkDv(DK, DV) ? kKvKeys : kPairKeys);
       f.slices = P.group / f.headsPerBlock;
       if (f.slices > 1) {
         f.dkPart = wantDk ? scratch.floats(f.slices * f.rows * P.KV * DK) : nullptr;
         f.dvPart = P.dV.t.p ? scratch.floats(f.slices * f.rows * P.KV * DV) : nullptr;
       }
-      launchDkDv<DK, DV>(ctx, f, B);
+      if (wgmma)
+        wgmmaDkDv(ctx, P, f.lse, f.dsum, f.Lp, f.headsPerBlock, f.dkPart, f.dvPart);
+      else
+        launchDkDv<DK, DV>(ctx, f, B);
       if (f.dkPart)
         sumSlices(ctx, f.dkPart, f, DK, P.dkA, P.dkB, P.dA);
       if (f.dvPart)
         sumSlices(ctx, f.dvPart, f, DV, P.dV, OutMat{}, DV);
     }
-    if (wantDq)
+    if (wantDq && wgmmaDqFits(P))
+      wgmmaDq(ctx, P, f.lse, f.dsum, f.Lp);
+    else if (wantDq)
       launchDq<DK, DV>(ctx, f, B);
   });
 }

@@ -46,6 +46,16 @@ void reduceSinks(const KernelContext &, const float *part, int64_t rows, int hea
     st(out, h, static_cast<float>(sum));
   }
 }
+// The emulation covers the mma.sync kernels: FlashWgmma.cu's are never chosen here.
+bool wgmmaDqFits(const AttnParams &) { return false; }
+bool wgmmaDkDvFits(const AttnParams &) { return false; }
+void wgmmaDq(const KernelContext &ctx, const AttnParams &, const float *, const float *, int64_t) {
+  ctx.fail("flash_emulation_test: the wgmma dQ is not emulated");
+}
+void wgmmaDkDv(const KernelContext &ctx, const AttnParams &, const float *, const float *, int64_t, int, float *,
+               float *) {
+  ctx.fail("flash_emulation_test: the wgmma dK/dV is not emulated");
+}
 // The cases here leave P.savedLse null: the backward runs the statistics variant of the forward.
 void statisticsFromResult(const KernelContext &ctx, const AttnParams &, float *, float *, float *, bool,
                           int64_t, float) {

@@ -1,6 +1,6 @@
-//===- FlashWgmma.cu - the attention forward on Hopper's wgmma (sm_90a) ---===//
+//===- FlashWgmma.cu - causal attention on Hopper's wgmma (sm_90a) --------===//
 //
-// Causal attention forward for bf16 query, key and value with head dim =
+// Causal attention for bf16 query, key and value with head dim =
 // value dim = 128, no sliding window and no sinks (Qwen3's layers), in the
 // FlashAttention-3 arrangement; Dense.cu sends such launches here before
 // Flash.cu's mma.sync kernels (MOEC_ATTENTION_WGMMA=0 turns it off, as does
@@ -18,9 +18,18 @@
 // run 0 .. the diagonal one, masked per element only there. The result is
 // written in bf16, and the logsumexp when the op has that result.
 //
-// Tiles use the 128-byte swizzle (Hopper.cuh): Q and K as two K-major boxes
-// of [128 rows][64 features]; V as two MN-major boxes of [128 keys][64
-// features], 16 KB apart.
+// The backward (given lse and D = dO . O, base 2 as Flash.cu keeps them) has
+// the same arrangement. dQ: key tiles of 64 with dO beside Q: S = Q Kᵀ and
+// dP = dO Vᵀ on wgmma.m64n64k16 from shared memory, dS = P (dP - D) in
+// registers, dQ += dS K with dS as the A operand and K transposed. dK, dV: a
+// CTA per 128-key tile of a key/value head walks the query tiles of 64 that
+// see it, head after head of the group: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, then
+// dV += Pᵀ dO and dK += dSᵀ Q from registers. No atomics: every sum has a
+// fixed order.
+//
+// Tiles use the 128-byte swizzle (Hopper.cuh): Q, dO, K and V as K-major
+// boxes of [rows][64 features]; as the B operand of P V and dS K, V and K are
+// MN-major, their two boxes of 64 features apart by a box.
 //
 //===----------------------------------------------------------------------===//
 
@@ -215,6 +224,345 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
 #endif
 }
 
+constexpr int kDqKeys = 64;                       // keys per tile of the dQ kernel
+constexpr int kDqBox = kDqKeys * 128;              // a [64 keys][64 features] box
+constexpr int kDqStages = 4;
+constexpr int kDqStageBytes = 4 * kDqBox;          // K and V: two boxes each
+constexpr size_t kDqShared = 4 * kBox + kDqStages * kDqStageBytes + 1024; // Q, dO, the ring, slack
+
+struct DqMaps {
+  CUtensorMap q, dO, k, v;
+};
+
+struct DqParams {
+  __nv_bfloat16 *dq = nullptr;
+  int64_t ldq = 0, hsq = 0;
+  const float *lse = nullptr, *dsum = nullptr; // [B * H][Lp], base 2
+  int64_t Lp = 0;
+  int L = 0, H = 0, group = 1, qTiles = 0;
+  float scaleLog2 = 0, scale = 0;
+};
+
+/// dQ of one 128-query tile: warpgroup 0 (one thread) copies Q and dO once, then K and V tiles
+/// of 64 keys into a ring of four stages; warpgroups 1 and 2 take 64 queries each.
+__global__ void __launch_bounds__(3 * 128, 1) wgmmaDqKernel(const __grid_constant__ DqMaps maps, DqParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ uint64_t qFull, kFull[kDqStages], vFull[kDqStages], empty[kDqStages];
+  unsigned char *smem = smemRaw + ((1024 - (sharedAddress(smemRaw) & 1023)) & 1023);
+  unsigned char *sQ = smem, *sdO = smem + 2 * kBox, *sRing = smem + 4 * kBox;
+  const int qTile = p.qTiles - 1 - static_cast<int>(blockIdx.x); // the longest rows first
+  const int h = blockIdx.y, g = h / p.group, b = blockIdx.z;
+  const int rowBase = b * p.L, q0 = qTile * kRows;
+  // Key tiles up to the tile's last query, none past the sequence (no copy of a box wholly
+  // outside it is ever issued).
+  const int tiles = min((q0 + kRows) / kDqKeys, (p.L + kDqKeys - 1) / kDqKeys);
+  if (threadIdx.x == 0) {
+    mbarrierInit(&qFull, 1);
+    for (int s = 0; s < kDqStages; ++s) {
+      mbarrierInit(&kFull[s], 1);
+      mbarrierInit(&vFull[s], 1);
+      mbarrierInit(&empty[s], 8); // a lane of each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int warpGroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+
+  if (warpGroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x != 0)
+      return;
+    mbarrierExpectBytes(&qFull, 4 * kBox);
+    for (int half = 0; half < 2; ++half) {
+      tmaLoad(sQ + half * kBox, maps.q, h * kD + 64 * half, rowBase + q0, &qFull);
+      tmaLoad(sdO + half * kBox, maps.dO, h * kD + 64 * half, rowBase + q0, &qFull);
+    }
+    for (int j = 0; j < tiles; ++j) {
+      const int s = j % kDqStages, k0 = rowBase + j * kDqKeys;
+      mbarrierWait(&empty[s], ((j / kDqStages) + 1) & 1); // the first round passes at once
+      unsigned char *sK = sRing + s * kDqStageBytes, *sV = sK + 2 * kDqBox;
+      mbarrierExpectBytes(&kFull[s], 2 * kDqBox);
+      tmaLoad(sK, maps.k, g * kD, k0, &kFull[s]);
+      tmaLoad(sK + kDqBox, maps.k, g * kD + 64, k0, &kFull[s]);
+      mbarrierExpectBytes(&vFull[s], 2 * kDqBox);
+      tmaLoad(sV, maps.v, g * kD, k0, &vFull[s]);
+      tmaLoad(sV + kDqBox, maps.v, g * kD + 64, k0, &vFull[s]);
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int consumer = warpGroup - 1;
+  const int rowInTile = consumer * 64 + warp * 16 + (lane >> 2);
+  const int firstRow = q0 + consumer * 64; // this warpgroup's rows: firstRow .. firstRow + 63
+  const uint32_t qAddress = sharedAddress(sQ) + consumer * 64 * 128;
+  const uint32_t doAddress = sharedAddress(sdO) + consumer * 64 * 128, ringAddress = sharedAddress(sRing);
+  float lse[2], dsum[2], dq[64];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) { // rows past L (< Lp): lse +inf, D 0, so P = 0
+    const int64_t at = (static_cast<int64_t>(b) * p.H + h) * p.Lp + q0 + rowInTile + 8 * r;
+    lse[r] = p.lse[at];
+    dsum[r] = p.dsum[at];
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i)
+    dq[i] = 0.0f;
+  mbarrierWait(&qFull, 0);
+  for (int j = 0; j < tiles; ++j) {
+    const int st = j % kDqStages, parity = (j / kDqStages) & 1, k0 = j * kDqKeys;
+    // Both warpgroups wait for every stage, even one they skip: a phase they did not wait
+    // for would be mistaken for the next one.
+    mbarrierWait(&kFull[st], parity);
+    mbarrierWait(&vFull[st], parity);
+    if (k0 > firstRow + 63) { // every key after every row here (warpgroup 1's last tile)
+      if (lane == 0)
+        mbarrierArrive(&empty[st]);
+      continue;
+    }
+    const uint32_t kAddress = ringAddress + st * kDqStageBytes, vAddress = kAddress + 2 * kDqBox;
+    float s[32], dp[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      s[i] = dp[i] = 0.0f;
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t rowStep = (kk >> 2) * kBox + (kk & 3) * 32, keyStep = (kk >> 2) * kDqBox + (kk & 3) * 32;
+      wgmma64<false>(s, descriptor(qAddress + rowStep, 16, 1024), descriptor(kAddress + keyStep, 16, 1024));
+      wgmma64<false>(dp, descriptor(doAddress + rowStep, 16, 1024), descriptor(vAddress + keyStep, 16, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+
+    // dS / scale = P (dP - D), P = 2^(S scale log2 e - lse); masked (key > row) only near the diagonal.
+    const bool mask = k0 + kDqKeys - 1 > firstRow;
+    uint32_t a[kDqKeys / 16][4];
+#pragma unroll
+    for (int jj = 0; jj < kDqKeys / 8; ++jj)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int i = 4 * jj + 2 * r + c;
+          float pv = exp2Approx(fmaf(s[i], p.scaleLog2, -lse[r]));
+          if (mask && k0 + 8 * jj + 2 * (lane & 3) + c > q0 + rowInTile + 8 * r)
+            pv = 0.0f;
+          dp[i] = pv * (dp[i] - dsum[r]);
+        }
+#pragma unroll
+    for (int kk = 0; kk < kDqKeys / 16; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        a[kk][q] = packBf16(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kDqKeys / 16; ++kk)
+      wgmma128Registers(dq, a[kk], descriptor(kAddress + kk * 2048, kDqBox, 1024));
+    wgmmaCommit();
+    wgmmaWait<0>();
+    if (lane == 0)
+      mbarrierArrive(&empty[st]);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = q0 + rowInTile + 8 * r;
+    if (row >= p.L)
+      continue;
+    __nv_bfloat16 *out = p.dq + static_cast<int64_t>(rowBase + row) * p.ldq + h * p.hsq + 2 * (lane & 3);
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj)
+      *reinterpret_cast<__nv_bfloat162 *>(out + 8 * jj) =
+          __floats2bfloat162_rn(dq[4 * jj + 2 * r] * p.scale, dq[4 * jj + 2 * r + 1] * p.scale);
+  }
+#else
+  __trap(); // built without sm_90a: wgmmaDqFits never picks this kernel there
+#endif
+}
+
+constexpr int kKvQueries = 64;                    // queries per tile of the dK/dV kernel
+constexpr int kKvBox = kKvQueries * 128;          // a [64 queries][64 features] box
+constexpr int kKvStages = 4;
+constexpr int kKvStageBytes = 4 * kKvBox;         // Q and dO: two boxes each
+constexpr size_t kKvShared = 4 * kBox + kKvStages * kKvStageBytes + 1024; // K, V, the ring, slack
+
+struct KvMaps {
+  CUtensorMap q, dO, k, v;
+};
+
+struct KvParams {
+  __nv_bfloat16 *dk = nullptr, *dv = nullptr;
+  int64_t lddk = 0, hsdk = 0, lddv = 0, hsdv = 0;
+  // With slices > 1, CTA (key tile, kv head g, slice) takes heads g group + slice headsPerBlock
+  // + [0, headsPerBlock) and writes f32 partials [slices][B * L][KV * 128] that Flash.cu sums.
+  float *dkPart = nullptr, *dvPart = nullptr;
+  int slices = 1, headsPerBlock = 1, KV = 1;
+  const float *lse = nullptr, *dsum = nullptr; // [B * H][Lp], base 2
+  int64_t Lp = 0;
+  int L = 0, H = 0, group = 1, kTiles = 0;
+  float scaleLog2 = 0, scale = 0;
+};
+
+/// dK and dV of one 128-key tile of a key/value head: warpgroup 0 (one thread) copies K and V
+/// once, then Q and dO tiles of 64 queries, for each head of the group (or of its slice), of
+/// the queries that see the keys, into a ring of four stages; warpgroups 1 and 2 take 64 keys each:
+/// Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (wgmma.m64n64k16), Pᵀ and dSᵀ in registers, then
+/// dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ, dSᵀ as A operands and dO, Q transposed. Every head's
+/// sum runs in the same order: no atomics.
+__global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_constant__ KvMaps maps, KvParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ uint64_t kvFull, full[kKvStages], empty[kKvStages];
+  unsigned char *smem = smemRaw + ((1024 - (sharedAddress(smemRaw) & 1023)) & 1023);
+  unsigned char *sK = smem, *sV = smem + 2 * kBox, *sRing = smem + 4 * kBox;
+  const int kTile = blockIdx.x; // the keys most queries see first
+  const int g = blockIdx.y / p.slices, slice = blockIdx.y % p.slices, b = blockIdx.z;
+  const int firstHead = g * p.group + slice * p.headsPerBlock;
+  const int rowBase = b * p.L, k0 = kTile * kRows;
+  const int jFirst = k0 / kKvQueries, jEnd = (p.L + kKvQueries - 1) / kKvQueries; // query tiles that see a key
+  const int perHead = jEnd - jFirst, steps = p.headsPerBlock * perHead;
+  if (threadIdx.x == 0) {
+    mbarrierInit(&kvFull, 1);
+    for (int s = 0; s < kKvStages; ++s) {
+      mbarrierInit(&full[s], 1);
+      mbarrierInit(&empty[s], 8); // a lane of each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int warpGroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+
+  if (warpGroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x != 0)
+      return;
+    mbarrierExpectBytes(&kvFull, 4 * kBox);
+    for (int half = 0; half < 2; ++half) {
+      tmaLoad(sK + half * kBox, maps.k, g * kD + 64 * half, rowBase + k0, &kvFull);
+      tmaLoad(sV + half * kBox, maps.v, g * kD + 64 * half, rowBase + k0, &kvFull);
+    }
+    for (int step = 0; step < steps; ++step) {
+      const int s = step % kKvStages, h = firstHead + step / perHead;
+      const int q0 = rowBase + (jFirst + step % perHead) * kKvQueries;
+      mbarrierWait(&empty[s], ((step / kKvStages) + 1) & 1); // the first round passes at once
+      unsigned char *sQ = sRing + s * kKvStageBytes, *sdO = sQ + 2 * kKvBox;
+      mbarrierExpectBytes(&full[s], 4 * kKvBox);
+      for (int half = 0; half < 2; ++half) {
+        tmaLoad(sQ + half * kKvBox, maps.q, h * kD + 64 * half, q0, &full[s]);
+        tmaLoad(sdO + half * kKvBox, maps.dO, h * kD + 64 * half, q0, &full[s]);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int consumer = warpGroup - 1;
+  // Accumulator rows are keys: 16 warp + lane / 4 + 8r of the warpgroup's 64; columns queries or features.
+  const int keyInTile = consumer * 64 + warp * 16 + (lane >> 2);
+  const int firstKey = k0 + consumer * 64; // this warpgroup's keys: firstKey .. firstKey + 63
+  const uint32_t kAddress = sharedAddress(sK) + consumer * 64 * 128;
+  const uint32_t vAddress = sharedAddress(sV) + consumer * 64 * 128;
+  const uint32_t ringAddress = sharedAddress(sRing);
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i)
+    dk[i] = dv[i] = 0.0f;
+  mbarrierWait(&kvFull, 0);
+  for (int step = 0; step < steps; ++step) {
+    const int st = step % kKvStages, parity = (step / kKvStages) & 1;
+    const int h = firstHead + step / perHead, q0 = (jFirst + step % perHead) * kKvQueries;
+    mbarrierWait(&full[st], parity); // even for a skipped stage (see the dQ kernel)
+    if (q0 + kKvQueries - 1 < firstKey) { // every query before every key here
+      if (lane == 0)
+        mbarrierArrive(&empty[st]);
+      continue;
+    }
+    const uint32_t qAddress = ringAddress + st * kKvStageBytes, doAddress = qAddress + 2 * kKvBox;
+    float s[32], dp[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      s[i] = dp[i] = 0.0f;
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t keyStep = (kk >> 2) * kBox + (kk & 3) * 32, queryStep = (kk >> 2) * kKvBox + (kk & 3) * 32;
+      wgmma64<false>(s, descriptor(kAddress + keyStep, 16, 1024), descriptor(qAddress + queryStep, 16, 1024));
+      wgmma64<false>(dp, descriptor(vAddress + keyStep, 16, 1024), descriptor(doAddress + queryStep, 16, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+
+    // Pᵀ = 2^(Sᵀ scale log2 e - lse[query]), dSᵀ / scale = Pᵀ (dPᵀ - D[query]); masked (query < key)
+    // only near the diagonal. Rows past L have lse +inf and D 0: P = 0.
+    const bool mask = q0 < firstKey + 63;
+    const int64_t statRow = (static_cast<int64_t>(b) * p.H + h) * p.Lp + q0;
+    uint32_t pa[kKvQueries / 16][4], da[kKvQueries / 16][4];
+#pragma unroll
+    for (int jj = 0; jj < kKvQueries / 8; ++jj) {
+      const int col = 8 * jj + 2 * (lane & 3);
+      const float2 l2 = __ldg(reinterpret_cast<const float2 *>(p.lse + statRow + col));
+      const float2 d2 = __ldg(reinterpret_cast<const float2 *>(p.dsum + statRow + col));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float pv[2], ds[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int i = 4 * jj + 2 * r + c;
+          pv[c] = exp2Approx(fmaf(s[i], p.scaleLog2, -(c ? l2.y : l2.x)));
+          if (mask && q0 + col + c < k0 + keyInTile + 8 * r)
+            pv[c] = 0.0f;
+          ds[c] = pv[c] * (dp[i] - (c ? d2.y : d2.x));
+        }
+        // A fragment of k step jj / 2: blocks 2kk (regs 0, 1) and 2kk + 1 (regs 2, 3), rows r.
+        pa[jj >> 1][2 * (jj & 1) + r] = packBf16(pv[0], pv[1]);
+        da[jj >> 1][2 * (jj & 1) + r] = packBf16(ds[0], ds[1]);
+      }
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kKvQueries / 16; ++kk) {
+      wgmma128Registers(dv, pa[kk], descriptor(doAddress + kk * 2048, kKvBox, 1024));
+      wgmma128Registers(dk, da[kk], descriptor(qAddress + kk * 2048, kKvBox, 1024));
+    }
+    wgmmaCommit();
+    wgmmaWait<0>();
+    if (lane == 0)
+      mbarrierArrive(&empty[st]);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = k0 + keyInTile + 8 * r;
+    if (key >= p.L)
+      continue;
+    const int64_t row = rowBase + key;
+    if (p.slices > 1) { // this slice's part, f32
+      const int64_t at = ((static_cast<int64_t>(slice) * gridDim.z * p.L + row) * p.KV + g) * kD + 2 * (lane & 3);
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        *reinterpret_cast<float2 *>(p.dkPart + at + 8 * jj) =
+            make_float2(dk[4 * jj + 2 * r] * p.scale, dk[4 * jj + 2 * r + 1] * p.scale);
+        *reinterpret_cast<float2 *>(p.dvPart + at + 8 * jj) =
+            make_float2(dv[4 * jj + 2 * r], dv[4 * jj + 2 * r + 1]);
+      }
+      continue;
+    }
+    __nv_bfloat16 *outK = p.dk + row * p.lddk + g * p.hsdk + 2 * (lane & 3);
+    __nv_bfloat16 *outV = p.dv + row * p.lddv + g * p.hsdv + 2 * (lane & 3);
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      *reinterpret_cast<__nv_bfloat162 *>(outK + 8 * jj) =
+          __floats2bfloat162_rn(dk[4 * jj + 2 * r] * p.scale, dk[4 * jj + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162 *>(outV + 8 * jj) =
+          __floats2bfloat162_rn(dv[4 * jj + 2 * r], dv[4 * jj + 2 * r + 1]);
+    }
+  }
+#else
+  __trap(); // built without sm_90a: wgmmaDkDvFits never picks this kernel there
+#endif
+}
+
 /// Whether this process's GPU runs sm_90a code (compute capability 9.0) and TMA maps can be made.
 bool hopperHere() {
   static const bool here = [] {
@@ -233,23 +581,103 @@ bool boxable(const Mat &m) {
   return m.t.p && m.t.bf16 && reinterpret_cast<uintptr_t>(m.t.p) % 16 == 0 && m.ld % 8 == 0 && m.hs == kD;
 }
 
-CUtensorMap boxes(const KernelContext &ctx, const Mat &m, int64_t rows) {
+CUtensorMap boxes(const KernelContext &ctx, const Mat &m, int64_t rows, uint32_t boxRows = kRows) {
   uint64_t dims[2] = {static_cast<uint64_t>(m.ld), static_cast<uint64_t>(rows)};
   uint64_t strides[1] = {static_cast<uint64_t>(m.ld) * 2};
-  uint32_t box[2] = {64, kRows};
+  uint32_t box[2] = {64, boxRows};
   return tensorMap(ctx, "attention (wgmma)", m.t.p, 2, dims, strides, box);
 }
 
-} // namespace
+/// A bf16 output that pairs of adjacent features can be stored to.
+bool bf16Pairs(const OutMat &m) {
+  return m.t.p && m.t.bf16 && reinterpret_cast<uintptr_t>(m.t.p) % 4 == 0 && m.ld % 2 == 0 && m.hs % 2 == 0;
+}
 
-bool wgmmaForwardFits(const AttnParams &P) {
+/// What both wgmma kernels need: query, key and value of 128 features in 128-row boxes, causal
+/// without window or sinks, grid dimensions in range, a Hopper GPU, and no flag against them.
+bool wgmmaShapes(const AttnParams &P) {
   const char *general = std::getenv("MOEC_ATTENTION_GENERAL"), *wgmma = std::getenv("MOEC_ATTENTION_WGMMA");
   if ((general && general[0] == '1') || (wgmma && wgmma[0] == '0'))
     return false;
   return P.dA == kD && P.dB == 0 && P.dv == kD && P.window == 0 && !P.sinks.p && P.scale > 0.0f &&
-         P.out.t.p && P.out.t.bf16 && reinterpret_cast<uintptr_t>(P.out.t.p) % 4 == 0 && P.out.ld % 2 == 0 &&
-         P.out.hs % 2 == 0 && boxable(P.qA) && boxable(P.kA) && boxable(P.v) && P.B * P.L < (int64_t{1} << 31) &&
-         P.H <= 65535 && P.B <= 65535 && hopperHere();
+         boxable(P.qA) && boxable(P.kA) && boxable(P.v) && P.B * P.L < (int64_t{1} << 31) && P.H <= 65535 &&
+         P.B <= 65535 && hopperHere();
+}
+
+template <typename Kernel>
+void allowShared(const KernelContext &ctx, Kernel kernel, size_t bytes, const char *what) {
+  cudaError_t error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (error != cudaSuccess)
+    ctx.fail(std::string(what) + ": cannot opt into " + std::to_string(bytes) + " bytes of shared memory: " +
+             cudaGetErrorString(error));
+}
+
+} // namespace
+
+bool wgmmaForwardFits(const AttnParams &P) { return wgmmaShapes(P) && bf16Pairs(P.out); }
+
+bool wgmmaDqFits(const AttnParams &P) {
+  return wgmmaShapes(P) && boxable(P.dO) && bf16Pairs(P.dqA) && !P.dqB.t.p;
+}
+
+bool wgmmaDkDvFits(const AttnParams &P) {
+  return wgmmaShapes(P) && boxable(P.dO) && bf16Pairs(P.dkA) && bf16Pairs(P.dV) && !P.dkB.t.p;
+}
+
+void wgmmaDkDv(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp,
+               int headsPerBlock, float *dkPart, float *dvPart) {
+  const int64_t rows = P.B * P.L;
+  KvMaps maps{boxes(ctx, P.qA, rows, kKvQueries), boxes(ctx, P.dO, rows, kKvQueries), boxes(ctx, P.kA, rows),
+              boxes(ctx, P.v, rows)};
+  KvParams p;
+  p.dk = static_cast<__nv_bfloat16 *>(P.dkA.t.p);
+  p.dv = static_cast<__nv_bfloat16 *>(P.dV.t.p);
+  p.lddk = P.dkA.ld;
+  p.hsdk = P.dkA.hs;
+  p.lddv = P.dV.ld;
+  p.hsdv = P.dV.hs;
+  p.lse = lse;
+  p.dsum = dsum;
+  p.Lp = Lp;
+  p.L = static_cast<int>(P.L);
+  p.H = P.H;
+  p.group = P.group;
+  p.kTiles = static_cast<int>((P.L + kRows - 1) / kRows);
+  p.scaleLog2 = P.scale * kLog2e;
+  p.scale = P.scale;
+  p.headsPerBlock = headsPerBlock;
+  p.slices = P.group / headsPerBlock;
+  p.KV = P.KV;
+  p.dkPart = dkPart;
+  p.dvPart = dvPart;
+  allowShared(ctx, wgmmaDkDvKernel, kKvShared, "attention backward (dk, dv, wgmma)");
+  dim3 grid(static_cast<unsigned>(p.kTiles), static_cast<unsigned>(P.KV * p.slices), static_cast<unsigned>(P.B));
+  wgmmaDkDvKernel<<<grid, 3 * 128, kKvShared, streamOf(ctx)>>>(maps, p);
+  checkLaunch(ctx, "attention backward (dk, dv, wgmma)");
+}
+
+void wgmmaDq(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp) {
+  const int64_t rows = P.B * P.L;
+  DqMaps maps{boxes(ctx, P.qA, rows), boxes(ctx, P.dO, rows), boxes(ctx, P.kA, rows, kDqKeys),
+              boxes(ctx, P.v, rows, kDqKeys)};
+  DqParams p;
+  p.dq = static_cast<__nv_bfloat16 *>(P.dqA.t.p);
+  p.ldq = P.dqA.ld;
+  p.hsq = P.dqA.hs;
+  p.lse = lse;
+  p.dsum = dsum;
+  p.Lp = Lp;
+  p.L = static_cast<int>(P.L);
+  p.H = P.H;
+  p.group = P.group;
+  p.qTiles = static_cast<int>((P.L + kRows - 1) / kRows);
+  p.scaleLog2 = P.scale * kLog2e;
+  p.scale = P.scale;
+  allowShared(ctx, wgmmaDqKernel, kDqShared, "attention backward (dq, wgmma)");
+  dim3 grid(static_cast<unsigned>(p.qTiles), static_cast<unsigned>(P.H), static_cast<unsigned>(P.B));
+  wgmmaDqKernel<<<grid, 3 * 128, kDqShared, streamOf(ctx)>>>(maps, p);
+  checkLaunch(ctx, "attention backward (dq, wgmma)");
 }
 
 void wgmmaForward(const KernelContext &ctx, const AttnParams &P) {
@@ -265,11 +693,7 @@ void wgmmaForward(const KernelContext &ctx, const AttnParams &P) {
   p.group = P.group;
   p.qTiles = static_cast<int>((P.L + kRows - 1) / kRows);
   p.scaleLog2 = P.scale * kLog2e;
-  cudaError_t error =
-      cudaFuncSetAttribute(wgmmaForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
-  if (error != cudaSuccess)
-    ctx.fail(std::string("attention (wgmma): cannot opt into ") + std::to_string(kShared) +
-             " bytes of shared memory: " + cudaGetErrorString(error));
+  allowShared(ctx, wgmmaForwardKernel, kShared, "attention (wgmma)");
   dim3 grid(static_cast<unsigned>(p.qTiles), static_cast<unsigned>(P.H), static_cast<unsigned>(P.B));
   wgmmaForwardKernel<<<grid, 3 * 128, kShared, streamOf(ctx)>>>(maps, p);
   checkLaunch(ctx, "attention (wgmma)");

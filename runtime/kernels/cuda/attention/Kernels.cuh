@@ -70,6 +70,15 @@ void denseBackward(const KernelContext &ctx, AttnParams P, Scratch &scratch, Flo
 /// denseForward tries it first.
 bool wgmmaForwardFits(const AttnParams &P);
 void wgmmaForward(const KernelContext &ctx, const AttnParams &P);
+/// The same for the backward's dQ, and its dK and dV (bf16 result gradient and gradients):
+/// Flash.cu's backward sends them there with its statistics (lse and D, base 2, [B * H][Lp]).
+bool wgmmaDqFits(const AttnParams &P);
+void wgmmaDq(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp);
+bool wgmmaDkDvFits(const AttnParams &P);
+/// headsPerBlock: heads of a group per CTA; below the group, f32 parts per slice of the group
+/// into dkPart, dvPart ([group / headsPerBlock][B * L][KV * 128]) for the caller to sum.
+void wgmmaDkDv(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp,
+               int headsPerBlock, float *dkPart, float *dvPart);
 
 /// Whether the tensor-core kernels of Flash.cu cover this launch (Dense.cu
 /// says which launches do); denseForward / denseBackward dispatch on it.
