@@ -72,8 +72,12 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     `moe.tp_exit` of the partial sum. Regions that read one value share
     its `moe.tp_enter`, and two partial sums added together leave through
     one `moe.tp_exit` of their sum (a shared expert's next to the routed
-    experts'). Everything else (linear attention, the DSA indexer) stays
-    whole: every tp rank computes it; an attention or MLP
+    experts'). Kimi Delta Attention (`moe.kda`) splits its heads the same
+    way, with its per-channel convolutions, `dt_bias` and `A_log`; the first
+    projection of its low-rank decay and gate stays whole. Everything else
+    (Gated DeltaNet and Mamba-2, whose fused projections interleave the
+    heads' channels; the DSA indexer) stays whole: every tp rank computes
+    it; an attention or MLP
     that cannot split is named in a warning, and a model with nothing to
     split fails.
 

@@ -19,6 +19,12 @@
 // replicated value (its gradient summed over tp); positions and DSA's selections are integers
 // every rank has (the indexer stays whole).
 //
+// Kimi Delta Attention (moe.kda) splits its heads too: query, key, value, the decay and gate
+// (second projections of low-rank pairs whose first projection stays replicated) and the beta
+// logits split on out, with the per-channel convolutions, dt_bias and A_log; its per-head
+// norm weight is shared (its gradient partial). Gated DeltaNet and Mamba-2 stay whole: their
+// fused input projections and convolutions interleave the heads' channels.
+//
 // Dense MLPs (dense layers, shared experts) split their intermediate features as attention
 // splits heads: gate and up projections split on out, moe.glu / moe.activation of splits is
 // split, the down projection (and its adapter) split on in gives partial sums.
@@ -48,8 +54,9 @@ RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()
 /// What splitting one attention (its heads) or one MLP (its intermediate features) changes;
 /// collected before anything changes.
 struct HeadSplit {
-  moe::AttentionOp attention; // or null: one of the two below
+  moe::AttentionOp attention; // or null: one of the three below
   Operation *mla = nullptr;   // moe.mla or moe.sparse_attention (heads split, key_rope shared)
+  moe::KDAOp kda;             // Kimi Delta Attention (heads split with their parameters)
   Operation *mlp = nullptr;   // an MLP's activation (moe.glu, moe.activation)
   llvm::SetVector<Operation *> region;   // computing q, k, v from replicated values (retyped)
   llvm::SetVector<Operation *> gates;    // after the attention, still split (retyped)
@@ -66,11 +73,14 @@ public:
     plan.attention = attention;
   }
   /// An MLP: `activation` (moe.glu or moe.activation) of projections of a replicated value;
-  /// or multi-head latent attention (moe.mla, moe.sparse_attention).
+  /// multi-head latent attention (moe.mla, moe.sparse_attention); or KDA.
   Analysis(Operation *op, int64_t ranks) : ranks(ranks) {
     if (isa<moe::MLAOp, moe::SparseAttentionOp>(op)) {
       plan.mla = op;
       inputsName = "query/key_value";
+    } else if (auto kda = dyn_cast<moe::KDAOp>(op)) {
+      plan.kda = kda;
+      inputsName = "KDA projection";
     } else {
       plan.mlp = op;
       inputsName = "gate/up";
@@ -79,8 +89,29 @@ public:
 
   /// Empty when the attention (or MLP) splits; otherwise why not.
   std::string run() {
-    Operation *center = plan.mlp ? plan.mlp : plan.mla;
-    if (plan.mla) {
+    Operation *center = plan.mlp ? plan.mlp : plan.mla ? plan.mla : plan.kda.getOperation();
+    if (moe::KDAOp kda = plan.kda) {
+      // Every [tokens, heads x ...] operand comes from projections split on out (the low-rank
+      // decay and gate: their second projection); the per-channel parameters split with their
+      // heads; the norm is shared by every head.
+      if (kda.getNumHeads() % ranks)
+        return "its " + std::to_string(kda.getNumHeads()) + " heads do not split over tp = " + std::to_string(ranks);
+      for (Value operand : {kda.getQuery(), kda.getKey(), kda.getValue(), kda.getDecay(), kda.getBetaLogits(),
+                            kda.getGate()})
+        if (!intoRegion(operand))
+          return why;
+      for (Value conv : {kda.getQueryConv(), kda.getKeyConv(), kda.getValueConv(), kda.getDtBias()})
+        if (!addWeight(conv, 0))
+          return why;
+      // A_log holds one value per head in whichever dimension is not 1 ([1, 1, H, 1] in checkpoints).
+      ArrayRef<int64_t> aLog = tensorType(kda.getALog()).getShape();
+      auto headDim = llvm::find(aLog, kda.getNumHeads());
+      if (headDim == aLog.end())
+        return "its A_log has no dimension of its " + std::to_string(kda.getNumHeads()) + " heads";
+      if (!addWeight(kda.getALog(), static_cast<int>(headDim - aLog.begin())) ||
+          !addPartialGrad(kda.getNormWeight()))
+        return why;
+    } else if (plan.mla) {
       // The query and key_value projections split by heads; the rotated key part is shared by
       // every head (replicated: it enters the region), positions and selections are integers.
       int64_t heads = plan.mla->getAttrOfType<IntegerAttr>("num_heads").getInt();
@@ -245,7 +276,10 @@ RankedTensorType splitFeatures(Type type, int64_t ranks) {
 }
 
 void apply(HeadSplit &plan, int64_t ranks) {
-  Operation *center = plan.mlp ? plan.mlp : plan.mla ? plan.mla : plan.attention.getOperation();
+  Operation *center = plan.mlp                   ? plan.mlp
+                      : plan.mla                 ? plan.mla
+                      : plan.kda.getOperation()  ? plan.kda.getOperation()
+                                                 : plan.attention.getOperation();
   MLIRContext *context = center->getContext();
   OpBuilder b(context);
   StringAttr tp = b.getStringAttr("tp");
@@ -284,6 +318,16 @@ void apply(HeadSplit &plan, int64_t ranks) {
     // The shared rotated key: each rank's heads give part of its gradient.
     b.setInsertionPoint(mla);
     mla->setOperand(1, b.create<moe::TpEnterOp>(because, mla->getOperand(1), tp).getResult());
+  } else if (moe::KDAOp kda = plan.kda) {
+    auto layer = kda->getParentOfType<moe::LayerOp>();
+    int64_t heads = kda.getNumHeads();
+    because = NameLoc::get(
+        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s linear attention (KDA) split over tp = {2} ({3} per rank)",
+                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
+                            .str()),
+        kda.getLoc());
+    kda.setNumHeads(heads / ranks);
+    kda.getResult().setType(splitFeatures(kda.getResult().getType(), ranks));
   } else if (moe::AttentionOp attention = plan.attention) {
     auto layer = attention->getParentOfType<moe::LayerOp>();
     because = NameLoc::get(
@@ -473,17 +517,21 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
     report.split.push_back(name);
   };
   SmallVector<moe::AttentionOp> attentions;
-  SmallVector<Operation *> latents;
+  SmallVector<Operation *> latents, kdas;
   model.walk([&](Operation *op) {
     if (auto attention = dyn_cast<moe::AttentionOp>(op))
       attentions.push_back(attention);
     else if (isa<moe::MLAOp, moe::SparseAttentionOp>(op))
       latents.push_back(op);
+    else if (isa<moe::KDAOp>(op))
+      kdas.push_back(op);
   });
   for (moe::AttentionOp attention : attentions)
     splitRegion(Analysis(attention, ranks), attention, "attention");
   for (Operation *mla : latents)
     splitRegion(Analysis(mla, ranks), mla, "latent attention");
+  for (Operation *kda : kdas)
+    splitRegion(Analysis(kda, ranks), kda, "linear attention");
   SmallVector<moe::ExpertMLPOp> mlps;
   model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
   for (moe::ExpertMLPOp mlp : mlps) {

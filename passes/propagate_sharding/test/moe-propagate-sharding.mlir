@@ -11,6 +11,7 @@
 // RUN: moe-opt %inputs/parallel_mlps.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MERGE
 // RUN: moe-opt %inputs/dense_mlp.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=up_proj,down_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MLP
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
+// RUN: moe-opt %inputs/kda.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=f_b_proj,o_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=KDA
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=AFTER
@@ -81,7 +82,7 @@
 // TP-NEXT: %[[W:.*]] = moe.tp_enter %weights {axis = "tp"} : tensor<?x2xf32>
 // TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %[[W]]
 // TP-NEXT: moe.tp_exit %[[C]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
-// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
+// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
 // heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the
@@ -147,3 +148,29 @@
 // MERGE-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"}
 // MERGE-NEXT: moe.add %arg0, %[[OUT]]
 // MERGE-NOT: moe.tp_exit
+
+// KDA splits its heads: q/k/v, the beta logits and the second projections of the low-rank decay
+// and gate split on out (the first stays whole: its output enters the region), the per-channel
+// convolutions and dt_bias by channel, A_log by head; the shared per-head norm stays whole; one
+// partial sum leaves after o_proj.
+// KDA: moe.param @q_proj {{.*}} sharding #moe.sharding<[tp, _]>
+// KDA: moe.param @q_conv {{.*}} : tensor<16x1x4xf32> sharding #moe.sharding<[tp, _, _]>
+// KDA: moe.param @f_a_proj {{.*}} : tensor<4x16xf32>{{$}}
+// KDA: moe.param @f_b_proj {{.*}} sharding #moe.sharding<[tp, _]>
+// KDA: moe.param @f_b_proj_lora_A {{.*}} {moe.tp_partial_grad}
+// KDA: moe.param @f_b_proj_lora_B {{.*}} sharding #moe.sharding<[tp, _]>
+// KDA: moe.param @b_proj {{.*}} sharding #moe.sharding<[tp, _]>
+// KDA: moe.param @g_a_proj {{.*}} : tensor<4x16xf32>{{$}}
+// KDA: moe.param @a_log {{.*}} : tensor<1x1x4x1xf32> sharding #moe.sharding<[_, _, tp, _]>
+// KDA: moe.param @dt_bias {{.*}} : tensor<16xf32> sharding #moe.sharding<[tp]>
+// KDA: moe.param @o_norm {{.*}} : tensor<4xf32>{{$}}
+// KDA: moe.param @o_proj {{.*}} sharding #moe.sharding<[_, tp]>
+// KDA: %[[X:.*]] = moe.rms_norm
+// KDA-NEXT: %[[IN:.*]] = moe.tp_enter %[[X]] {axis = "tp"} : tensor<?x16xf32>
+// KDA: %[[FA:.*]] = moe.linear %[[X]], {{.*}} -> tensor<?x4xf32>
+// KDA-NEXT: %[[FAIN:.*]] = moe.tp_enter %[[FA]] {axis = "tp"} : tensor<?x4xf32>
+// KDA: moe.linear %[[FAIN]], {{.*}} -> tensor<?x8xf32>
+// KDA: %[[O:.*]] = moe.kda {{.*}} num_heads = 2 : i64{{.*}} -> tensor<?x8xf32>
+// KDA: moe.linear %[[O]], {{.*}} : (tensor<?x8xf32>, tensor<16x8xf32>) -> tensor<?x16xf32>
+// KDA: moe.tp_exit
+// KDA-NEXT: moe.add %arg0
