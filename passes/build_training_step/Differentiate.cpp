@@ -112,6 +112,23 @@ void saveAttentionStatistics(moe::LayerOp layer) {
   }
 }
 
+/// Drops the logsumexp results nothing reads (a forward that recomputes its attention in the
+/// backward does not save them).
+void dropUnreadStatistics(moe::LayerOp layer) {
+  SmallVector<moe::AttentionOp> unread;
+  layer.walk([&](moe::AttentionOp attention) {
+    if (Value lse = attention.getLogsumexp(); lse && lse.use_empty())
+      unread.push_back(attention);
+  });
+  for (moe::AttentionOp attention : unread) {
+    OpBuilder b(attention);
+    auto plain = b.create<moe::AttentionOp>(attention.getLoc(), TypeRange{attention.getResult().getType()},
+                                            attention->getOperands(), attention->getAttrs());
+    attention.getResult().replaceAllUsesWith(plain.getResult());
+    attention->erase();
+  }
+}
+
 } // namespace
 
 FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute policy) {
@@ -245,6 +262,7 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   auto forwardYield = cast<moe::YieldOp>(forward.getBody().front().getTerminator());
   for (Value value : savedInForward)
     forwardYield->insertOperands(forwardYield->getNumOperands(), toForward.lookup(value));
+  dropUnreadStatistics(forward);
   forward.setFunctionTypeAttr(TypeAttr::get(builder.getFunctionType(
       layer.getArgumentTypes(), forwardYield->getOperandTypes())));
   forward->setAttr(moe::kBackwardTemplateAttr, FlatSymbolRefAttr::get(backward.getSymNameAttr()));

@@ -15,8 +15,10 @@
 // CHECK-NOT: moe.attention %
 // CHECK: moe.backward "moe.attention"(%{{.*}}, %{{.*}}, %{{.*}}) outputs(%[[SO]], %[[SLSE]]) grads(
 
-// Recomputed per layer: the backward runs the attention again, statistics included, and its
-// backward reads the recomputed ones.
+// Recomputed per layer: the forward does not save the statistics, so it does not form them;
+// the backward runs the attention again, statistics included, and its backward reads them.
+// RECOMPUTE-LABEL: moe.layer @block_fwd_recompute(
+// RECOMPUTE: moe.attention {{.*}} -> tensor<?x16xf32>
 // RECOMPUTE-LABEL: moe.layer @block_bwd_recompute(
 // RECOMPUTE: %[[O:.*]], %[[LSE:.*]] = moe.attention {{.*}}recomputed
 // RECOMPUTE: moe.backward "moe.attention"({{.*}}) outputs(%[[O]], %[[LSE]]) grads(
