@@ -12,7 +12,9 @@
 // or one attention shape from --tokens/--heads/--kv-heads/--dim/--value-dim.
 // Prints ms and TFLOP/s with causal FLOPs (forward 2·T²·H·(d_qk + d_v) / 2,
 // backward 2.5x that), the backward also with only dQ and only dK, dV asked
-// for, then the tuning choices of Flash.cu (tile shapes of the query-tile
+// for (these three run the statistics pass), attention's also as a training
+// step runs it (forward with its logsumexp, backward from the saved result
+// and logsumexp), then the tuning choices of Flash.cu (tile shapes of the query-tile
 // kernels, heads per dK/dV block). First it checks the fast path at full
 // size: the relative L2 difference of each output from the general kernels
 // (MOEC_ATTENTION_GENERAL=1) on the same inputs, and whether two backward
@@ -74,6 +76,15 @@ TensorRef bf16Tensor(int64_t rows, int64_t cols, uint64_t seed, float scale) {
 }
 
 /// Positions 0, 1, ... as an i64 device tensor [n].
+/// An f32 [rows, cols] device buffer (uninitialised: a kernel output).
+TensorRef f32Output(int64_t rows, int64_t cols) {
+  TensorRef t;
+  t.dtype = plan::F32;
+  t.shape = {rows, cols};
+  check(cudaMalloc(&t.data, static_cast<size_t>(rows * cols) * 4), "cudaMalloc");
+  return t;
+}
+
 TensorRef positionTensor(int64_t n) {
   TensorRef t;
   t.dtype = plan::I64;
@@ -221,6 +232,24 @@ void runBench(Bench &b, const Options &o, cudaStream_t stream) {
   report("backward (every gradient)", time(bwd[0], false), bwdFlops);
   report("backward (dq only)", time(bwd[1], false), 0.0);
   report("backward (dk, dv only)", time(bwd[2], false), 0.0);
+  if (name == "attention") {
+    // As a training step runs it: the forward also writes its logsumexp, and the backward takes
+    // its statistics from the saved result and logsumexp (no statistics pass).
+    Attrs savedAttrs = b.backAttrs[0];
+    const int64_t operands = static_cast<int64_t>(b.inputs.size()), heads = b.attrs.at("num_heads").i();
+    setInts(savedAttrs, "backward_segments", {operands, 2, 1});
+    KernelContext fwdSaving = context(name, b.attrs), bwdSaved = context(name + ".backward", savedAttrs);
+    TensorRef lse = f32Output(b.tokens, heads);
+    fwdSaving.outputs = {b.out, lse};
+    bwdSaved.inputs.push_back(b.out);
+    bwdSaved.inputs.push_back(lse);
+    bwdSaved.inputs.push_back(b.dO);
+    bwdSaved.outputs = b.gradOutputs[0];
+    report("forward with logsumexp", time(fwdSaving, true), b.fwdFlops);
+    run(forward, fwdSaving);
+    report("backward from saved statistics", time(bwdSaved, false), bwdFlops);
+    cudaFree(lse.data);
+  }
   // The tile shapes of the query-tile kernels (Flash.cu: queries per warp x keys per tile;
   // a shape that does not fit the head dims runs the default).
   std::printf("tile shapes (MOEC_ATTENTION_FORWARD_TILES, MOEC_ATTENTION_DQ_TILES):\n");
