@@ -122,11 +122,21 @@ protected:
     backward.attr("backward_segments", std::vector<int64_t>{operands, 2, 1});
     return backward;
   }
-  /// Comparison options of savedBackward's launches: the saved logsumexp stays f32.
-  runtime::testing::CudaCompareOptions savedOptions(const Config &c) {
+  /// The forward's logsumexp result against the CPU's (f32 in both storages).
+  void checkLogsumexp(const Config &c) {
+    runtime::testing::CudaCompareOptions o;
+    o.f32Outputs = {1};
+    compareBoth(reg.gpu, [&] { return withStatistics(c); }, nameOf(c) + " with logsumexp", o);
+  }
+  /// Every gradient of savedBackward's launch against the CPU's; the saved logsumexp stays f32.
+  void checkSavedBackward(const Config &c) {
+    std::vector<int64_t> wrt = {0, 1, 2};
+    if (c.sinks)
+      wrt.push_back(3);
     runtime::testing::CudaCompareOptions o;
     o.f32Inputs = {static_cast<size_t>(c.sinks ? 5 : 4)};
-    return o;
+    compareBoth(reg.gpu, [&] { return savedBackward(c, wrt, 44); }, nameOf(c) + " backward from saved statistics",
+                o);
   }
 
   Registries reg;
@@ -157,19 +167,11 @@ TEST_P(CudaAttentionTest, BackwardSubsetsMatchCpu) {
 }
 
 TEST_P(CudaAttentionTest, LogsumexpMatchesCpu) {
-  Config c = GetParam();
-  runtime::testing::CudaCompareOptions o;
-  o.f32Outputs = {1};
-  compareBoth(reg.gpu, [&] { return withStatistics(c); }, nameOf(c) + " with logsumexp", o);
+  checkLogsumexp(GetParam());
 }
 
 TEST_P(CudaAttentionTest, BackwardFromSavedStatisticsMatchesCpu) {
-  Config c = GetParam();
-  std::vector<int64_t> wrt = {0, 1, 2};
-  if (c.sinks)
-    wrt.push_back(3);
-  compareBoth(reg.gpu, [&] { return savedBackward(c, wrt, 44); }, nameOf(c) + " backward from saved statistics",
-              savedOptions(c));
+  checkSavedBackward(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -237,19 +239,11 @@ TEST_P(CudaAttentionFastPathTest, BackwardSubsetsMatchCpu) {
 }
 
 TEST_P(CudaAttentionFastPathTest, LogsumexpMatchesCpu) {
-  Config c = GetParam();
-  runtime::testing::CudaCompareOptions o;
-  o.f32Outputs = {1};
-  compareBoth(reg.gpu, [&] { return withStatistics(c); }, nameOf(c) + " with logsumexp", o);
+  checkLogsumexp(GetParam());
 }
 
 TEST_P(CudaAttentionFastPathTest, BackwardFromSavedStatisticsMatchesCpu) {
-  Config c = GetParam();
-  std::vector<int64_t> wrt = {0, 1, 2};
-  if (c.sinks)
-    wrt.push_back(3);
-  compareBoth(reg.gpu, [&] { return savedBackward(c, wrt, 44); }, nameOf(c) + " backward from saved statistics",
-              savedOptions(c));
+  checkSavedBackward(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(
