@@ -4,7 +4,8 @@
 #   bench/bench.sh plans DIR   on a dev machine (needs moec): compiles the plans of P1-P4 into DIR
 #   bench/bench.sh run DIR     on the GPU machine (moe-run on PATH, python3 with torch,
 #                              transformers and PEFT): runs each configuration with both, prints
-#                              one markdown table (and writes it to $OUT/bench.md if OUT is set)
+#                              one markdown table (and writes it to $OUT/bench.md if OUT is set);
+#                              REF_RUNS=N runs the reference N times and keeps its fastest
 #
 # P1 Qwen3-30B-A3B, 48 layers, 4096 tokens; P2 Qwen3-Next-80B-A3B shapes, 4 layers, 4096 tokens;
 # P3 P1's shapes with 4 layers and LoRA on every routed expert too; P4 P1's shapes, 4 layers,
@@ -71,10 +72,20 @@ for p in "${configs[@]}"; do
     --warmup "$warmup" 2>&1 | tail -1) || true
   ref_targets=$(targets_of $p); extra=()
   [ "$p" = P3 ] && extra=(--target-parameters mlp.experts.gate_up_proj,mlp.experts.down_proj)
-  ref=$(python3 bench/hf_reference.py "${config[$p]}" "${tokens[$p]}" "$ref_targets" "$steps" "$warmup" \
-    "${extra[@]}" 2>&1 | tail -1) || true
+  # The reference's step moves between runs (P1 684-818 ms, P2 248-597 ms on one machine kind):
+  # REF_RUNS > 1 runs it that often and keeps its fastest run, the ratio least kind to us.
+  ref=; r_ms=
+  for ((run = 0; run < ${REF_RUNS:-1}; ++run)); do
+    one=$(python3 bench/hf_reference.py "${config[$p]}" "${tokens[$p]}" "$ref_targets" "$steps" "$warmup" \
+      "${extra[@]}" 2>&1 | tail -1) || true
+    echo "$p reference run $((run + 1)): $one" >&2
+    ms=$(num 'median step [0-9.]* ms' "$one" || true) # a failed run leaves no time
+    if [ -n "$ms" ] && { [ -z "$r_ms" ] || python3 -c "import sys; sys.exit(not $ms < $r_ms)"; }; then
+      ref=$one; r_ms=$ms
+    fi
+  done
   echo "$p ours: $ours" >&2; echo "$p reference: $ref" >&2
-  o_ms=$(num 'median step [0-9.]* ms' "$ours"); r_ms=$(num 'median step [0-9.]* ms' "$ref")
+  o_ms=$(num 'median step [0-9.]* ms' "$ours")
   tflop=$(num "plan's [0-9.e+]* TFLOP" "$ours")
   rows+=("$(python3 - "$p" "${what[$p]}" "${tokens[$p]}" "${o_ms:-nan}" "${r_ms:-nan}" "${tflop:-nan}" "$gemm" \
     "$(num 'device memory [0-9.]* GiB' "$ours")" "$(num 'peak memory [0-9.]* GiB' "$ref")" <<'EOF'
@@ -91,7 +102,7 @@ EOF
 )")
 done
 {
-  echo "bf16 GEMM 8192^3 measured in this run: $gemm TFLOP/s; model FLOPs from the plan; ratio = ours / reference tokens/s"
+  echo "bf16 GEMM 8192^3 measured in this run: $gemm TFLOP/s; model FLOPs from the plan; ratio = ours / reference tokens/s; reference: the fastest of ${REF_RUNS:-1} run(s)"
   echo
   echo "| | configuration | tokens | ours step | ours tokens/s | ours memory | ours TFLOP/s | ours MFU | reference step | reference tokens/s | reference memory | reference TFLOP/s | reference MFU | ratio |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
