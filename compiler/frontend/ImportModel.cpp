@@ -207,8 +207,9 @@ private:
                                       indices, i64(h), i64(s.qkNopeHeadDim), i64(s.qkRopeHeadDim),
                                       i64(s.vHeadDim), f64(scale), r);
     } else {
-      o = b.create<MLAOp>(loc, act(h * s.vHeadDim), q, split.getResult(1), kv, pos, i64(h),
-                          i64(s.qkNopeHeadDim), i64(s.qkRopeHeadDim), i64(s.vHeadDim), f64(scale), r);
+      o = b.create<MLAOp>(loc, act(h * s.vHeadDim), /*logsumexp=*/Type(), q, split.getResult(1), kv, pos,
+                          i64(h), i64(s.qkNopeHeadDim), i64(s.qkRopeHeadDim), i64(s.vHeadDim), f64(scale), r)
+              .getResult();
     }
     return linear(o, m + "o_proj", spec.hiddenSize);
   }

@@ -362,17 +362,21 @@ def Moe_AttentionOp : Moe_ComputeOp<"attention", [], ["backwardUsesResults"]> {
 }
 
 // Common operands and attributes of the two MLA forms.
-class Moe_MLAOpBase<string mnemonic, dag extraOperands> : Moe_ComputeOp<mnemonic> {
+class Moe_MLAOpBase<string mnemonic, dag extraOperands, dag outputs = (outs Moe_Tensor:$result),
+                    list<string> backward = []>
+    : Moe_ComputeOp<mnemonic, [], backward> {
   let arguments = !con((ins Moe_Tensor:$query, Moe_Tensor:$key_rope, Moe_Tensor:$key_value,
                             Moe_IndexTensor:$positions),
                        extraOperands,
                        (ins I64Attr:$num_heads, I64Attr:$qk_nope_head_dim,
                             I64Attr:$qk_rope_head_dim, I64Attr:$v_head_dim, F64Attr:$scale,
                             OptionalAttr<Moe_RopeAttr>:$rope));
-  let results = (outs Moe_Tensor:$result);
+  let results = outputs;
 }
 
-def Moe_MLAOp : Moe_MLAOpBase<"mla", (ins)> {
+def Moe_MLAOp : Moe_MLAOpBase<"mla", (ins),
+                              (outs Moe_Tensor:$result, Optional<RankedTensorOf<[F32]>>:$logsumexp),
+                              ["backwardUsesResults"]> {
   let summary = "Multi-head latent attention core (DeepSeek-V3, Kimi).";
   let description = [{
     Inputs are the projections around it: `query: [T, H*(nope+rope)]`
@@ -380,7 +384,10 @@ def Moe_MLAOp : Moe_MLAOpBase<"mla", (ins)> {
     all heads, from `kv_a_proj_with_mqa`), `key_value: [T, H*(nope+v)]`
     (`kv_b_proj` of the normed latent). The trailing `rope` features of
     each query head and `key_rope` rotate with `rope`; without `rope` the
-    layer is NoPE (Kimi-Linear). Output `[T, H*v]`, before `o_proj`.
+    layer is NoPE (Kimi-Linear). Output `[T, H*v]`, before `o_proj`; and,
+    as `moe.attention`'s, an optional `logsumexp: [T, H]` (f32) that
+    `--moe-build-training-step` adds so that the backward reads the
+    softmax statistics instead of recomputing them.
   }];
   let assemblyFormat = [{
     $query `,` $key_rope `,` $key_value `,` $positions attr-dict `:` functional-type(operands, results)

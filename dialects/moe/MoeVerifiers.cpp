@@ -280,7 +280,15 @@ LogicalResult AttentionOp::verify() {
   return success();
 }
 
-LogicalResult MLAOp::verify() { return verifyMLA(*this); }
+LogicalResult MLAOp::verify() {
+  if (failed(verifyMLA(*this)))
+    return failure();
+  Checker c(*this);
+  if (Value lse = getLogsumexp())
+    return success(c.rank("logsumexp", lse, 2) && c.sameDim("query", getQuery(), 0, "logsumexp", lse, 0) &&
+                   c.dim("logsumexp", lse, 1, getNumHeads(), "num_heads"));
+  return success();
+}
 
 LogicalResult SparseAttentionOp::verify() {
   if (failed(verifyMLA(*this)))

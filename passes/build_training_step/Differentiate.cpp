@@ -93,23 +93,32 @@ moe::LayerOp cloneTemplate(moe::LayerOp layer, StringRef name, IRMapping &mappin
   return copy;
 }
 
-/// Gives each attention of `layer` its logsumexp result: its backward then reads the softmax
-/// statistics instead of running the key loop of the forward again.
+/// `op` again with its logsumexp result ([T, heads], f32) added.
+template <typename OpTy> void addLogsumexp(OpTy op) {
+  OpBuilder b(op);
+  auto query = cast<RankedTensorType>(op.getQuery().getType());
+  auto lse = RankedTensorType::get({query.getDimSize(0), op.getNumHeads()}, b.getF32Type());
+  auto saving = b.create<OpTy>(op.getLoc(), TypeRange{op.getResult().getType(), lse}, op->getOperands(),
+                               op->getAttrs());
+  op.getResult().replaceAllUsesWith(saving.getResult());
+  op->erase();
+}
+
+/// Gives each attention (grouped-query or latent) of `layer` its logsumexp result: its backward
+/// then reads the softmax statistics instead of running the key loop of the forward again.
 void saveAttentionStatistics(moe::LayerOp layer) {
   SmallVector<moe::AttentionOp> attentions;
-  layer.walk([&](moe::AttentionOp attention) {
-    if (!attention.getLogsumexp())
+  SmallVector<moe::MLAOp> latents;
+  layer.walk([&](Operation *op) {
+    if (auto attention = dyn_cast<moe::AttentionOp>(op); attention && !attention.getLogsumexp())
       attentions.push_back(attention);
+    else if (auto mla = dyn_cast<moe::MLAOp>(op); mla && !mla.getLogsumexp())
+      latents.push_back(mla);
   });
-  for (moe::AttentionOp attention : attentions) {
-    OpBuilder b(attention);
-    auto query = cast<RankedTensorType>(attention.getQuery().getType());
-    auto lse = RankedTensorType::get({query.getDimSize(0), attention.getNumHeads()}, b.getF32Type());
-    auto saving = b.create<moe::AttentionOp>(attention.getLoc(), TypeRange{attention.getResult().getType(), lse},
-                                             attention->getOperands(), attention->getAttrs());
-    attention.getResult().replaceAllUsesWith(saving.getResult());
-    attention->erase();
-  }
+  for (moe::AttentionOp attention : attentions)
+    addLogsumexp(attention);
+  for (moe::MLAOp mla : latents)
+    addLogsumexp(mla);
 }
 
 /// Drops the logsumexp results nothing reads (a forward that recomputes its attention in the

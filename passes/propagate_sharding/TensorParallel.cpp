@@ -314,7 +314,8 @@ void apply(HeadSplit &plan, int64_t ranks) {
                             .str()),
         mla->getLoc());
     mla->setAttr("num_heads", b.getI64IntegerAttr(heads / ranks));
-    mla->getResult(0).setType(splitFeatures(mla->getResult(0).getType(), ranks));
+    for (Value result : mla->getResults()) // the result, and the logsumexp (a column per head)
+      result.setType(splitFeatures(result.getType(), ranks));
     // The shared rotated key: each rank's heads give part of its gradient.
     b.setInsertionPoint(mla);
     mla->setOperand(1, b.create<moe::TpEnterOp>(because, mla->getOperand(1), tp).getResult());

@@ -157,16 +157,21 @@ void checkInputCount(const KernelContext &ctx, bool sparse) {
 void mlaForward(KernelContext &ctx, bool sparse) {
   checkInputCount(ctx, sparse);
   MlaLaunch l = readMla(ctx, sparse);
-  if (ctx.outputs.size() != 1)
-    ctx.fail("expected 1 output, got " + std::to_string(ctx.outputs.size()));
+  const size_t outputs = sparse ? 1 : 2; // mla may also have its logsumexp result
+  if (ctx.outputs.size() < 1 || ctx.outputs.size() > outputs)
+    ctx.fail(std::string("expected ") + (sparse ? "1 output" : "1 or 2 outputs (result[, logsumexp])") +
+             ", got " + std::to_string(ctx.outputs.size()));
   int64_t ldo = l.heads * l.vDim;
   float *out = floatTensor(ctx, ctx.out(0), "result", {l.tokens, ldo});
+  float *lse = ctx.outputs.size() == 2 ? floatTensor(ctx, ctx.out(1), "logsumexp", {l.tokens, l.heads}) : nullptr;
   RopeParts r = ropeParts(ctx, l);
   for (int64_t b = 0; b < l.seqs.count; ++b) {
     std::vector<uint8_t> selected = sparse ? selectedKeys(l, b) : std::vector<uint8_t>();
     DenseAttention core(ctx, l.seqs.length, l.scale, Mask{0, sparse ? selected.data() : nullptr});
+    const int64_t row = b * l.seqs.length;
     for (int64_t h = 0; h < l.heads; ++h)
-      core.forward(headView(l, r, b, h), out + b * l.seqs.length * ldo + h * l.vDim, ldo);
+      core.forward(headView(l, r, b, h), out + row * ldo + h * l.vDim, ldo, lse ? lse + row * l.heads + h : nullptr,
+                   l.heads);
   }
 }
 

@@ -91,10 +91,12 @@ protected:
     return k;
   }
 
-  /// The reference: explicit per-head q = [q_nope | RoPE(q_pe)], k = [k_nope |
+  struct HeadInputs {
+    ref::Mat q, keys, v;
+  };
+  /// The reference's inputs: explicit per-head q = [q_nope | RoPE(q_pe)], k = [k_nope |
   /// RoPE(k_pe)]; interleaved uses DeepSeek's own in-place complex rotation.
-  ref::Mat expected(KernelCall &k, const Config &c, int64_t b, int64_t h,
-                    const ref::Allowed &allowed) {
+  HeadInputs headInputs(KernelCall &k, const Config &c, int64_t b, int64_t h) {
     int64_t qk = c.nope + c.rope, kvw = c.nope + c.vDim, row = b * c.len;
     std::vector<float> query = k.inputsRef()[0].floats(), keyRope = k.inputsRef()[1].floats(),
                        kv = k.inputsRef()[2].floats();
@@ -116,7 +118,12 @@ protected:
       keys[t] = kNope[t];
       keys[t].insert(keys[t].end(), kPe[t].begin(), kPe[t].end());
     }
-    return ref::attend(q, keys, v, kScale, allowed);
+    return {q, keys, v};
+  }
+
+  ref::Mat expected(KernelCall &k, const Config &c, int64_t b, int64_t h, const ref::Allowed &allowed) {
+    HeadInputs in = headInputs(k, c, b, h);
+    return ref::attend(in.q, in.keys, in.v, kScale, allowed);
   }
 
   KernelRegistry registry;
@@ -137,6 +144,30 @@ TEST_P(MlaTest, ForwardMatchesReference) {
                               expected(k, c, b, h, causal())),
                 2e-6)
           << "sequence " << b << " head " << h;
+}
+
+TEST_P(MlaTest, LogsumexpMatchesReference) {
+  // The training step's form: the same result, and log Σ exp(z) over the allowed keys per
+  // (query, head).
+  Config c = GetParam();
+  KernelCall k = call(c);
+  k.output(plan::F32, {2 * c.len, c.heads});
+  k.run();
+  KernelCall plain = call(c);
+  plain.run();
+  EXPECT_EQ(k.result(0).floats(), plain.result(0).floats());
+  std::vector<float> lse = k.result(1).floats();
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < c.heads; ++h) {
+      HeadInputs in = headInputs(k, c, b, h);
+      for (int64_t t = 0; t < c.len; ++t) {
+        double sum = 0;
+        for (int64_t s = 0; s <= t; ++s)
+          sum += std::exp(kScale * ref::dot(in.q[t], in.keys[s]));
+        EXPECT_NEAR(lse[(b * c.len + t) * c.heads + h], std::log(sum), 2e-5)
+            << "sequence " << b << " head " << h << " row " << t;
+      }
+    }
 }
 
 TEST_P(MlaTest, BackwardMatchesNumericGradients) {

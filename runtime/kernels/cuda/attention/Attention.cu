@@ -52,14 +52,6 @@ AttentionLaunch readAttention(const KernelContext &ctx, size_t operands) {
   return l;
 }
 
-/// The logsumexp result (or its saved copy): f32 [T, H].
-FloatOut f32Statistics(const KernelContext &ctx, const TensorRef &t, const AttentionLaunch &l) {
-  FloatOut lse = floatOut(ctx, t, "logsumexp", {l.tokens, l.heads});
-  if (lse.bf16)
-    ctx.fail("logsumexp must be f32, got bf16");
-  return lse;
-}
-
 AttnParams paramsOf(const AttentionLaunch &l) {
   AttnParams P;
   P.L = l.seqs.length;
@@ -92,7 +84,7 @@ void attentionForward(KernelContext &ctx) {
   AttnParams P = paramsOf(l);
   P.out = OutMat{out, ldo, l.valueDim};
   if (ctx.outputs.size() == 2)
-    P.lseOut = static_cast<float *>(f32Statistics(ctx, ctx.out(1), l).p);
+    P.lseOut = static_cast<float *>(f32Statistics(ctx, ctx.out(1), l.tokens, l.heads).p);
   denseForward(ctx, P);
 }
 
@@ -110,7 +102,7 @@ void attentionBackward(KernelContext &ctx) {
   // The forward's result and logsumexp, when the plan saved them (backward_segments[1] = 2).
   if (ctx.has("backward_segments") && ctx.attrInts("backward_segments").at(1) == 2) {
     P.savedO = Mat{floatIn(ctx, ctx.in(operands), "saved result", {l.tokens, ldo}), ldo, l.valueDim};
-    P.savedLse = static_cast<const float *>(f32Statistics(ctx, ctx.in(operands + 1), l).p);
+    P.savedLse = static_cast<const float *>(f32Statistics(ctx, ctx.in(operands + 1), l.tokens, l.heads).p);
   }
   if (dq.p)
     P.dqA = OutMat{dq, l.heads * l.headDim, l.headDim};

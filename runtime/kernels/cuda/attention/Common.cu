@@ -79,6 +79,13 @@ FloatIn checkBackward(const KernelContext &ctx, size_t numOperands,
   return gradOut;
 }
 
+FloatOut f32Statistics(const KernelContext &ctx, const TensorRef &t, int64_t tokens, int64_t heads) {
+  FloatOut lse = floatOut(ctx, t, "logsumexp", {tokens, heads});
+  if (lse.bf16)
+    ctx.fail("logsumexp must be f32, got bf16");
+  return lse;
+}
+
 FloatOut gradFor(const KernelContext &ctx, int64_t operand) {
   int64_t out = ctx.gradOutputFor(operand);
   if (out < 0)

@@ -180,6 +180,8 @@ using checks::attention::sequencesOf;
 /// returns the result gradient, or a null view when grad_of_outputs is empty.
 FloatIn checkBackward(const KernelContext &ctx, size_t numOperands,
                       const std::vector<int64_t> &differentiable, int64_t rows, int64_t cols);
+/// An attention's logsumexp result (or its saved copy): fails unless f32 [tokens, heads].
+FloatOut f32Statistics(const KernelContext &ctx, const TensorRef &t, int64_t tokens, int64_t heads);
 /// The gradient output of forward operand `operand`; p is null when not asked for.
 FloatOut gradFor(const KernelContext &ctx, int64_t operand);
 

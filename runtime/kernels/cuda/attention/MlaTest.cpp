@@ -5,7 +5,8 @@
 // multiple of the tiles, several sequences, empty rope or nope parts; sparse
 // attention with -1s, repeated and future indices, a row that selects
 // nothing, every key selected, i32 and i64 indices; backward with every
-// gradient and with subsets; F32 and BF16 storage. Dense mla with BF16
+// gradient and with subsets; dense mla's logsumexp result and its backward
+// from the saved result and logsumexp; F32 and BF16 storage. Dense mla with BF16
 // storage and DeepSeek's head sizes takes the tensor-core path (Flash.cu, its
 // query and key in two parts: nope in the operands, rope in bf16 scratch);
 // lengths crossing its tiles check it here. Without a GPU the GPU tests skip
@@ -102,6 +103,31 @@ protected:
     return k;
   }
 
+  /// call(c) with the logsumexp result too (the training step's form of dense mla).
+  KernelCall withStatistics(const Config &c) {
+    KernelCall k = call(c);
+    k.output(plan::F32, {c.seqs * c.len, c.heads});
+    return k;
+  }
+
+  /// The backward as the training step launches it: the forward operands, the saved result and
+  /// logsumexp (from the CPU forward on bf16-exact operands), then the result gradient.
+  KernelCall savedBackward(const Config &c, const std::vector<int64_t> &wrt) {
+    KernelCall forward = withStatistics(c);
+    for (OwnedTensor &t : forward.inputsRef())
+      roundToBf16(t);
+    forward.run();
+    KernelCall backward = backwardOf(reg.cpu, forward, wrt, 22);
+    std::vector<OwnedTensor> &in = backward.inputsRef();
+    OwnedTensor grad = in.back();
+    in.pop_back();
+    in.push_back(forward.result(0));
+    in.push_back(forward.result(1));
+    in.push_back(grad);
+    backward.attr("backward_segments", std::vector<int64_t>{4, 2, 1});
+    return backward;
+  }
+
   /// Forward, full backward and backward subsets of one launch.
   void compareAll(const std::function<KernelCall()> &make, const std::string &what) {
     compareBoth(reg.gpu, make, what);
@@ -117,6 +143,34 @@ protected:
 TEST_P(CudaMlaTest, DenseMatchesCpu) {
   Config c = GetParam();
   compareAll([&] { return call(c); }, "mla " + nameOf(c));
+}
+
+TEST_P(CudaMlaTest, LogsumexpMatchesCpu) {
+  Config c = GetParam();
+  CudaCompareOptions o;
+  o.f32Outputs = {1};
+  compareBoth(reg.gpu, [&] { return withStatistics(c); }, "mla with logsumexp " + nameOf(c), o);
+}
+
+TEST_P(CudaMlaTest, BackwardFromSavedStatisticsMatchesCpu) {
+  // In BF16 storage the GPU rotates the rope parts into bf16 scratch, so a CPU logsumexp is
+  // another function's there: only NoPE launches (nothing rotated) compare in BF16.
+  Config c = GetParam();
+  CudaCompareOptions o;
+  o.f32Inputs = {5}; // the saved logsumexp
+  for (plan::DType storage : {plan::F32, plan::BF16}) {
+    if (storage == plan::BF16 && c.pe != Pe::None)
+      continue;
+    for (const std::vector<int64_t> &wrt : std::vector<std::vector<int64_t>>{{0, 1, 2}, {2, 0}}) {
+      KernelCall launch = savedBackward(c, wrt);
+      o.storage = storage;
+      runtime::testing::CudaComparison r = runtime::testing::compareCudaWithCpu(reg.gpu, launch, o);
+      if (r.skipped)
+        GTEST_SKIP() << r.why;
+      EXPECT_TRUE(r.ok) << "mla backward from saved statistics " << nameOf(c) << " in "
+                        << plan::dtypeName(storage) << ":\n" << r.report;
+    }
+  }
 }
 
 TEST_P(CudaMlaTest, SparseMatchesCpu) {
