@@ -121,21 +121,30 @@ void saveAttentionStatistics(moe::LayerOp layer) {
     addLogsumexp(mla);
 }
 
+/// `op` again without its logsumexp result.
+template <typename OpTy> void dropLogsumexp(OpTy op) {
+  OpBuilder b(op);
+  auto plain = b.create<OpTy>(op.getLoc(), TypeRange{op.getResult().getType()}, op->getOperands(), op->getAttrs());
+  op.getResult().replaceAllUsesWith(plain.getResult());
+  op->erase();
+}
+
 /// Drops the logsumexp results nothing reads (a forward that recomputes its attention in the
 /// backward does not save them).
 void dropUnreadStatistics(moe::LayerOp layer) {
-  SmallVector<moe::AttentionOp> unread;
-  layer.walk([&](moe::AttentionOp attention) {
-    if (Value lse = attention.getLogsumexp(); lse && lse.use_empty())
-      unread.push_back(attention);
+  SmallVector<moe::AttentionOp> attentions;
+  SmallVector<moe::MLAOp> latents;
+  layer.walk([&](Operation *op) {
+    if (auto attention = dyn_cast<moe::AttentionOp>(op); attention && attention.getLogsumexp() &&
+                                                          attention.getLogsumexp().use_empty())
+      attentions.push_back(attention);
+    else if (auto mla = dyn_cast<moe::MLAOp>(op); mla && mla.getLogsumexp() && mla.getLogsumexp().use_empty())
+      latents.push_back(mla);
   });
-  for (moe::AttentionOp attention : unread) {
-    OpBuilder b(attention);
-    auto plain = b.create<moe::AttentionOp>(attention.getLoc(), TypeRange{attention.getResult().getType()},
-                                            attention->getOperands(), attention->getAttrs());
-    attention.getResult().replaceAllUsesWith(plain.getResult());
-    attention->erase();
-  }
+  for (moe::AttentionOp attention : attentions)
+    dropLogsumexp(attention);
+  for (moe::MLAOp mla : latents)
+    dropLogsumexp(mla);
 }
 
 } // namespace
