@@ -203,9 +203,10 @@ private:
       Value indices = b.create<DSAIndexerOp>(loc, indicesType, iq, ik, iw, pos, s.indexHeads,
                                              s.indexHeadDim, s.indexTopk,
                                              rope(s.qkRopeHeadDim, RopeStyle::half));
-      o = b.create<SparseAttentionOp>(loc, act(h * s.vHeadDim), q, split.getResult(1), kv, pos,
-                                      indices, i64(h), i64(s.qkNopeHeadDim), i64(s.qkRopeHeadDim),
-                                      i64(s.vHeadDim), f64(scale), r);
+      o = b.create<SparseAttentionOp>(loc, act(h * s.vHeadDim), /*logsumexp=*/Type(), q, split.getResult(1), kv,
+                                      pos, indices, i64(h), i64(s.qkNopeHeadDim), i64(s.qkRopeHeadDim),
+                                      i64(s.vHeadDim), f64(scale), r)
+              .getResult();
     } else {
       o = b.create<MLAOp>(loc, act(h * s.vHeadDim), /*logsumexp=*/Type(), q, split.getResult(1), kv, pos,
                           i64(h), i64(s.qkNopeHeadDim), i64(s.qkRopeHeadDim), i64(s.vHeadDim), f64(scale), r)

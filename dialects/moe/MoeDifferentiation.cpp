@@ -117,6 +117,7 @@ bool RouterOp::backwardUsesResults() { return true; }
 // running the forward's key loop again.
 bool AttentionOp::backwardUsesResults() { return static_cast<bool>(getLogsumexp()); }
 bool MLAOp::backwardUsesResults() { return static_cast<bool>(getLogsumexp()); }
+bool SparseAttentionOp::backwardUsesResults() { return static_cast<bool>(getLogsumexp()); }
 
 // The saved per-row logsumexp spares the backward a reduction over every row of logits.
 bool LMHeadCrossEntropyOp::backwardUsesResults() { return true; }

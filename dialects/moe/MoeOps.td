@@ -394,12 +394,16 @@ def Moe_MLAOp : Moe_MLAOpBase<"mla", (ins),
   }];
 }
 
-def Moe_SparseAttentionOp : Moe_MLAOpBase<"sparse_attention", (ins Moe_IndexTensor:$indices)> {
+def Moe_SparseAttentionOp : Moe_MLAOpBase<"sparse_attention", (ins Moe_IndexTensor:$indices),
+                                          (outs Moe_Tensor:$result,
+                                                Optional<RankedTensorOf<[F32]>>:$logsumexp),
+                                          ["backwardUsesResults"]> {
   let summary = "DeepSeek Sparse Attention: MLA over the keys an indexer selected.";
   let description = [{
     As `moe.mla`, but query `t` attends only to the positions in row `t`
     of `indices: [T, topk]` (from `moe.dsa_indexer`; entries past the
-    causal limit are `-1`). No dense mask is formed.
+    causal limit are `-1`). No dense mask is formed. The optional
+    `logsumexp` is `moe.mla`'s, over the selected keys.
   }];
   let assemblyFormat = [{
     $query `,` $key_rope `,` $key_value `,` $positions `,` $indices attr-dict `:` functional-type(operands, results)

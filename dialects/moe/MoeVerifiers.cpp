@@ -109,6 +109,15 @@ bool ropeFits(Operation *op, RopeAttr rope, int64_t headDim, StringRef headName)
 }
 
 /// MLA and sparse attention share their operands.
+/// An attention's optional logsumexp result: [tokens, num_heads] (f32 by its ODS type).
+template <typename OpTy> LogicalResult verifyLogsumexp(OpTy op) {
+  Checker c(op);
+  Value lse = op.getLogsumexp();
+  return success(!lse || (c.rank("logsumexp", lse, 2) &&
+                          c.sameDim("query", op.getQuery(), 0, "logsumexp", lse, 0) &&
+                          c.dim("logsumexp", lse, 1, op.getNumHeads(), "num_heads")));
+}
+
 template <typename OpTy>
 LogicalResult verifyMLA(OpTy op) {
   Checker c(op);
@@ -274,28 +283,22 @@ LogicalResult AttentionOp::verify() {
     return failure();
   if (getSlidingWindow() && !c.positive("sliding_window", *getSlidingWindow()))
     return failure();
-  if (Value lse = getLogsumexp())
-    return success(c.rank("logsumexp", lse, 2) && c.sameDim("query", getQuery(), 0, "logsumexp", lse, 0) &&
-                   c.dim("logsumexp", lse, 1, h, "num_heads"));
-  return success();
+  return verifyLogsumexp(*this);
 }
 
 LogicalResult MLAOp::verify() {
   if (failed(verifyMLA(*this)))
     return failure();
-  Checker c(*this);
-  if (Value lse = getLogsumexp())
-    return success(c.rank("logsumexp", lse, 2) && c.sameDim("query", getQuery(), 0, "logsumexp", lse, 0) &&
-                   c.dim("logsumexp", lse, 1, getNumHeads(), "num_heads"));
-  return success();
+  return verifyLogsumexp(*this);
 }
 
 LogicalResult SparseAttentionOp::verify() {
   if (failed(verifyMLA(*this)))
     return failure();
   Checker c(*this);
-  return success(c.rank("indices", getIndices(), 2) &&
-                 c.sameDim("query", getQuery(), 0, "indices", getIndices(), 0));
+  if (!(c.rank("indices", getIndices(), 2) && c.sameDim("query", getQuery(), 0, "indices", getIndices(), 0)))
+    return failure();
+  return verifyLogsumexp(*this);
 }
 
 LogicalResult DSAIndexerOp::verify() {

@@ -4,6 +4,7 @@
 
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
@@ -104,21 +105,20 @@ template <typename OpTy> void addLogsumexp(OpTy op) {
   op->erase();
 }
 
-/// Gives each attention (grouped-query or latent) of `layer` its logsumexp result: its backward
-/// then reads the softmax statistics instead of running the key loop of the forward again.
+/// Gives each attention (grouped-query or latent, dense or sparse) of `layer` its logsumexp
+/// result: its backward then reads the softmax statistics instead of running the key loop of
+/// the forward again.
 void saveAttentionStatistics(moe::LayerOp layer) {
-  SmallVector<moe::AttentionOp> attentions;
-  SmallVector<moe::MLAOp> latents;
+  SmallVector<Operation *> attentions;
   layer.walk([&](Operation *op) {
-    if (auto attention = dyn_cast<moe::AttentionOp>(op); attention && !attention.getLogsumexp())
-      attentions.push_back(attention);
-    else if (auto mla = dyn_cast<moe::MLAOp>(op); mla && !mla.getLogsumexp())
-      latents.push_back(mla);
+    if (isa<moe::AttentionOp, moe::MLAOp, moe::SparseAttentionOp>(op) && op->getNumResults() == 1)
+      attentions.push_back(op);
   });
-  for (moe::AttentionOp attention : attentions)
-    addLogsumexp(attention);
-  for (moe::MLAOp mla : latents)
-    addLogsumexp(mla);
+  for (Operation *op : attentions)
+    llvm::TypeSwitch<Operation *>(op)
+        .Case([](moe::AttentionOp a) { addLogsumexp(a); })
+        .Case([](moe::MLAOp a) { addLogsumexp(a); })
+        .Case([](moe::SparseAttentionOp a) { addLogsumexp(a); });
 }
 
 /// `op` again without its logsumexp result.
@@ -132,19 +132,17 @@ template <typename OpTy> void dropLogsumexp(OpTy op) {
 /// Drops the logsumexp results nothing reads (a forward that recomputes its attention in the
 /// backward does not save them).
 void dropUnreadStatistics(moe::LayerOp layer) {
-  SmallVector<moe::AttentionOp> attentions;
-  SmallVector<moe::MLAOp> latents;
+  SmallVector<Operation *> unread;
   layer.walk([&](Operation *op) {
-    if (auto attention = dyn_cast<moe::AttentionOp>(op); attention && attention.getLogsumexp() &&
-                                                          attention.getLogsumexp().use_empty())
-      attentions.push_back(attention);
-    else if (auto mla = dyn_cast<moe::MLAOp>(op); mla && mla.getLogsumexp() && mla.getLogsumexp().use_empty())
-      latents.push_back(mla);
+    if (isa<moe::AttentionOp, moe::MLAOp, moe::SparseAttentionOp>(op) && op->getNumResults() == 2 &&
+        op->getResult(1).use_empty())
+      unread.push_back(op);
   });
-  for (moe::AttentionOp attention : attentions)
-    dropLogsumexp(attention);
-  for (moe::MLAOp mla : latents)
-    dropLogsumexp(mla);
+  for (Operation *op : unread)
+    llvm::TypeSwitch<Operation *>(op)
+        .Case([](moe::AttentionOp a) { dropLogsumexp(a); })
+        .Case([](moe::MLAOp a) { dropLogsumexp(a); })
+        .Case([](moe::SparseAttentionOp a) { dropLogsumexp(a); });
 }
 
 } // namespace

@@ -157,10 +157,8 @@ void checkInputCount(const KernelContext &ctx, bool sparse) {
 void mlaForward(KernelContext &ctx, bool sparse) {
   checkInputCount(ctx, sparse);
   MlaLaunch l = readMla(ctx, sparse);
-  const size_t outputs = sparse ? 1 : 2; // mla may also have its logsumexp result
-  if (ctx.outputs.size() < 1 || ctx.outputs.size() > outputs)
-    ctx.fail(std::string("expected ") + (sparse ? "1 output" : "1 or 2 outputs (result[, logsumexp])") +
-             ", got " + std::to_string(ctx.outputs.size()));
+  if (ctx.outputs.size() != 1 && ctx.outputs.size() != 2)
+    ctx.fail("expected 1 or 2 outputs (result[, logsumexp]), got " + std::to_string(ctx.outputs.size()));
   int64_t ldo = l.heads * l.vDim;
   float *out = floatTensor(ctx, ctx.out(0), "result", {l.tokens, ldo});
   float *lse = ctx.outputs.size() == 2 ? floatTensor(ctx, ctx.out(1), "logsumexp", {l.tokens, l.heads}) : nullptr;

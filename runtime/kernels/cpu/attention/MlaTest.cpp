@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <set>
 
@@ -192,6 +193,37 @@ std::vector<int64_t> someIndices(int64_t len, int64_t topk, uint64_t seed,
         keep[t].insert(s);
     }
   return indices;
+}
+
+TEST_P(MlaTest, SparseLogsumexpMatchesReference) {
+  // Over the selected keys; +inf on a row that selects none.
+  Config c = GetParam();
+  std::vector<std::set<int64_t>> keep;
+  int64_t topk = 4;
+  std::vector<int64_t> indices = someIndices(c.len, topk, 3, keep);
+  indices[0] = indices[1] = indices[2] = indices[3] = -1; // row 0 of sequence 0 selects nothing
+  keep[0].clear();
+  KernelCall k = call(c, &indices, topk);
+  k.output(plan::F32, {2 * c.len, c.heads});
+  k.run();
+  std::vector<float> lse = k.result(1).floats();
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < c.heads; ++h) {
+      HeadInputs in = headInputs(k, c, b, h);
+      for (int64_t t = 0; t < c.len; ++t) {
+        double sum = 0;
+        for (int64_t s : keep[b * c.len + t])
+          if (s <= t)
+            sum += std::exp(kScale * ref::dot(in.q[t], in.keys[s]));
+        const float got = lse[(b * c.len + t) * c.heads + h];
+        const std::string where = "sequence " + std::to_string(b) + " head " + std::to_string(h) + " row " +
+                                  std::to_string(t);
+        if (sum == 0)
+          EXPECT_EQ(got, std::numeric_limits<float>::infinity()) << where;
+        else
+          EXPECT_NEAR(got, std::log(sum), 2e-5) << where;
+      }
+    }
 }
 
 TEST_P(MlaTest, SparseMatchesReference) {

@@ -180,10 +180,8 @@ AttnParams paramsOf(const KernelContext &ctx, const MlaLaunch &l, Scratch &scrat
 void mlaForward(KernelContext &ctx, bool sparse) {
   checkInputCount(ctx, sparse);
   MlaLaunch l = readMla(ctx, sparse);
-  const size_t outputs = sparse ? 1 : 2; // mla may also have its logsumexp result
-  if (ctx.outputs.size() < 1 || ctx.outputs.size() > outputs)
-    ctx.fail(std::string("expected ") + (sparse ? "1 output" : "1 or 2 outputs (result[, logsumexp])") +
-             ", got " + std::to_string(ctx.outputs.size()));
+  if (ctx.outputs.size() != 1 && ctx.outputs.size() != 2)
+    ctx.fail("expected 1 or 2 outputs (result[, logsumexp]), got " + std::to_string(ctx.outputs.size()));
   int64_t ldo = l.heads * l.vDim;
   FloatOut out = floatOut(ctx, ctx.out(0), "result", {l.tokens, ldo});
   Scratch scratch(ctx);
@@ -217,7 +215,7 @@ void mlaBackward(KernelContext &ctx, bool sparse) {
   const bool rotated = l.spec && l.rope > 0;
   P.dO = Mat{gradOut, ldo, l.vDim};
   // The forward's result and logsumexp, when the plan saved them (backward_segments[1] = 2).
-  if (!sparse && ctx.has("backward_segments") && ctx.attrInts("backward_segments").at(1) == 2) {
+  if (ctx.has("backward_segments") && ctx.attrInts("backward_segments").at(1) == 2) {
     P.savedO = Mat{floatIn(ctx, ctx.in(operands), "saved result", {l.tokens, ldo}), ldo, l.vDim};
     P.savedLse = static_cast<const float *>(f32Statistics(ctx, ctx.in(operands + 1), l.tokens, l.heads).p);
   }

@@ -103,17 +103,18 @@ protected:
     return k;
   }
 
-  /// call(c) with the logsumexp result too (the training step's form of dense mla).
-  KernelCall withStatistics(const Config &c) {
-    KernelCall k = call(c);
+  /// call(c, ...) with the logsumexp result too (the training step's form).
+  KernelCall withStatistics(const Config &c, const std::vector<int64_t> *indices = nullptr, int64_t topk = 0) {
+    KernelCall k = call(c, indices, topk);
     k.output(plan::F32, {c.seqs * c.len, c.heads});
     return k;
   }
 
   /// The backward as the training step launches it: the forward operands, the saved result and
   /// logsumexp (from the CPU forward on bf16-exact operands), then the result gradient.
-  KernelCall savedBackward(const Config &c, const std::vector<int64_t> &wrt) {
-    KernelCall forward = withStatistics(c);
+  KernelCall savedBackward(const Config &c, const std::vector<int64_t> &wrt,
+                           const std::vector<int64_t> *indices = nullptr, int64_t topk = 0) {
+    KernelCall forward = withStatistics(c, indices, topk);
     for (OwnedTensor &t : forward.inputsRef())
       roundToBf16(t);
     forward.run();
@@ -124,7 +125,7 @@ protected:
     in.push_back(forward.result(0));
     in.push_back(forward.result(1));
     in.push_back(grad);
-    backward.attr("backward_segments", std::vector<int64_t>{4, 2, 1});
+    backward.attr("backward_segments", std::vector<int64_t>{indices ? 5 : 4, 2, 1});
     return backward;
   }
 
@@ -171,6 +172,24 @@ TEST_P(CudaMlaTest, BackwardFromSavedStatisticsMatchesCpu) {
                         << plan::dtypeName(storage) << ":\n" << r.report;
     }
   }
+}
+
+TEST_P(CudaMlaTest, SparseLogsumexpAndSavedBackwardMatchCpu) {
+  // sparse_attention's kernels compute in f32 (its rope parts rotate in f32 scratch), so a CPU
+  // logsumexp is the GPU's own in both storages.
+  Config c = GetParam();
+  int64_t topk = 4;
+  std::vector<int64_t> indices = someIndices(c, topk, 3);
+  for (int64_t j = 0; j < topk; ++j)
+    indices[j] = -1; // row 0 of sequence 0 selects nothing: logsumexp +inf
+  CudaCompareOptions lse;
+  lse.f32Outputs = {1};
+  compareBoth(reg.gpu, [&] { return withStatistics(c, &indices, topk); },
+              "sparse_attention with logsumexp " + nameOf(c), lse);
+  CudaCompareOptions saved;
+  saved.f32Inputs = {6}; // the saved logsumexp, after five operands and the result
+  compareBoth(reg.gpu, [&] { return savedBackward(c, {0, 1, 2}, &indices, topk); },
+              "sparse_attention backward from saved statistics " + nameOf(c), saved);
 }
 
 TEST_P(CudaMlaTest, SparseMatchesCpu) {

@@ -181,6 +181,8 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(AttnParams P, SparseSe
       if (col < dv)
         st(P.out, t, h, col, o[c] * inv);
     }
+    if (P.lseOut && lane == 0)
+      P.lseOut[t * P.H + h] = l > 0.0f ? m + logf(l) : INFINITY;
     return;
   }
   float dot = 0.0f;
@@ -401,8 +403,12 @@ void sparseBackward(const KernelContext &ctx, AttnParams P, const SparseSel &S, 
   P.D = scratch.floats(tokens * P.H);
   withLanes(ctx, P.dA + P.dB, P.dv, [&](auto lanes) {
     constexpr int N = decltype(lanes)::value;
-    forwardKernel<N, true><<<warpGrid(tokens, P.H), kThreads, 0, streamOf(ctx)>>>(P, S);
-    checkLaunch(ctx, "sparse_attention backward (statistics)");
+    if (P.savedLse) { // from the forward's saved result and logsumexp, natural log, [T, H]
+      statisticsFromResult(ctx, P, P.lse, P.D, nullptr, /*headMajor=*/false, P.L, 1.0f);
+    } else {
+      forwardKernel<N, true><<<warpGrid(tokens, P.H), kThreads, 0, streamOf(ctx)>>>(P, S);
+      checkLaunch(ctx, "sparse_attention backward (statistics)");
+    }
     if (wantDq) {
       dqKernel<N><<<warpGrid(tokens, P.H), kThreads, 0, streamOf(ctx)>>>(P, S);
       checkLaunch(ctx, "sparse_attention backward (dq)");
