@@ -83,22 +83,26 @@ __device__ __forceinline__ void wgmma128(float (&d)[64], uint64_t descA, uint64_
       : "l"(descA), "l"(descB), "r"(1), "n"(kTransB ? 1 : 0));
 }
 
-/// d[64 x 64] += A[64 x 16] B[16 x 64], both from shared memory; kTransB: B stored MN-major.
-template <bool kTransB>
-__device__ __forceinline__ void wgmma64(float (&d)[32], uint64_t descA, uint64_t descB) {
+/// d[64 x 64] = A[64 x 16] B[16 x 64] (+ d when accumulate), both from shared memory; kTransB /
+/// kTransA: B / A stored MN-major. With accumulate false, d's old values are ignored but still
+/// tied to the result: a caller may reuse a dead accumulator's registers that way.
+template <bool kTransB, bool kTransA = false>
+__device__ __forceinline__ void wgmma64(float (&d)[32], uint64_t descA, uint64_t descB, bool accumulate = true) {
   asm volatile(
       "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %36, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, 1, 1, 1, 0, %34;\n"
+      "%32, %33, p, 1, 1, %35, %34;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(descA), "l"(descB), "n"(kTransB ? 1 : 0));
+      : "l"(descA), "l"(descB), "n"(kTransB ? 1 : 0), "n"(kTransA ? 1 : 0), "r"(accumulate ? 1 : 0));
 }
 
 /// d[64 x 128] += A[64 x 16] B[16 x 128] with A in registers (each warp's 16 rows as
@@ -180,13 +184,15 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encodeTiled() {
   return fn;
 }
 
-/// A bf16 tensor map with the 128-byte swizzle: dims / strides (bytes, from the second
-/// dimension on) / box, innermost first; `what` names the kernel in the error.
+/// A tensor map (bf16 unless `type` says otherwise) with the 128-byte swizzle: dims / strides
+/// (bytes, from the second dimension on) / box, innermost first; `what` names the kernel in the
+/// error.
 inline CUtensorMap tensorMap(const KernelContext &ctx, const char *what, const void *base, int rank,
-                             const uint64_t *dims, const uint64_t *strides, const uint32_t *box) {
+                             const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                             CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   CUtensorMap map;
   uint32_t elementStrides[3] = {1, 1, 1};
-  CUresult r = encodeTiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void *>(base), dims,
+  CUresult r = encodeTiled()(&map, type, rank, const_cast<void *>(base), dims,
                              strides, box, elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -13,7 +13,9 @@
 // The bf16 forward and backward with head dims 128 and neither window nor
 // sinks run on wgmma (FlashWgmma.cu) on a Hopper GPU: the fast-path shapes of
 // that kind (ragged, exact and single-token tiles, GQA 1, 4, 8, the dK/dV
-// head slicing forced each way) check them.
+// head slicing forced each way) check them, and with MOEC_ATTENTION_SINGLE_PASS=1
+// its backward that forms dQ in the dK/dV kernel (atomic sums); the default
+// backward gives the same bits twice.
 //
 // CudaAttentionFastPathTest: the tensor-core path on its own, BF16 only, at
 // sizes that cross its tiles (128 queries / 64 or 32 keys forward and dQ, 128
@@ -290,6 +292,34 @@ TEST_F(CudaAttentionFastPathTest, EveryDkDvHeadSlicing) {
                     std::string("backward, heads per dK/dV block ") + heads);
     }
   unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
+}
+
+TEST_F(CudaAttentionFastPathTest, SinglePassBackward) {
+  // MOEC_ATTENTION_SINGLE_PASS=1: FlashWgmma.cu's dK/dV kernel also forms dQ (atomic sums)
+  // instead of its dQ kernel; against the CPU, GQA 4:1 and 8:1, ragged tiles, two sequences,
+  // and single tokens, every head slicing.
+  setenv("MOEC_ATTENTION_SINGLE_PASS", "1", 1);
+  for (const Config &c : {Config{8, 2, 128, 128, 257, 0, false, 2}, Config{16, 2, 128, 128, 700, 0, false, 2},
+                          Config{8, 8, 128, 128, 100, 0, false, 2}, Config{2, 2, 128, 128, 1, 0, false, 3}})
+    checkBackward(c, {0, 1, 2}, "single-pass backward");
+  for (const char *heads : {"1", "2", "8"}) {
+    setenv("MOEC_ATTENTION_HEADS_PER_BLOCK", heads, 1);
+    checkBackward(Config{8, 1, 128, 128, 300, 0, false, 2}, {0, 1, 2},
+                  std::string("single-pass backward, heads per dK/dV block ") + heads);
+  }
+  unsetenv("MOEC_ATTENTION_HEADS_PER_BLOCK");
+  unsetenv("MOEC_ATTENTION_SINGLE_PASS");
+}
+
+TEST_F(CudaAttentionFastPathTest, BackwardIsDeterministic) {
+  // The default backward's sums have a fixed order: a second run gives the same bits.
+  for (const Config &c : {Config{8, 2, 128, 128, 257, 0, false, 2}, Config{8, 2, 64, 64, 300, 0, true, 2}}) {
+    const std::vector<int64_t> wrt = c.sinks ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0, 1, 2};
+    Bf16Run first = runBf16(reg.gpu, backwardOf(reg.cpu, call(c), wrt, 42));
+    Bf16Run second = runBf16(reg.gpu, backwardOf(reg.cpu, call(c), wrt, 42));
+    ASSERT_TRUE(first.why.empty() && second.why.empty()) << first.why << second.why;
+    EXPECT_TRUE(first.gpu == second.gpu) << nameOf(c) << ": two runs of the backward differ";
+  }
 }
 
 TEST_F(CudaAttentionFastPathTest, EveryTileShape) {

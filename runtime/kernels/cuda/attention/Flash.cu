@@ -40,11 +40,14 @@
 //     dim 128); dS = P (dP - D) from S = Q Kᵀ and dP = dO Vᵀ, dQ += dS K over
 //     the visible key tiles.
 //   Where FlashWgmma.cu covers a backward (head dims 128, causal, Hopper),
-//   its dK/dV and dQ kernels run instead of these two.
+//   its dK/dV and dQ kernels run instead of these two (with
+//   MOEC_ATTENTION_SINGLE_PASS=1 one pass forms dK, dV and dQ, dQ summed by
+//   atomic reductions into f32 and converted here: not deterministic).
 //
 // Only visible tiles are visited, and within a block a warp skips a tile it
 // cannot see; masks are applied per element only on tiles that need them.
-// No atomics: every sum has a fixed order, so results are deterministic.
+// No atomics in this file's kernels: every sum has a fixed order, so their
+// results are deterministic.
 //
 //===----------------------------------------------------------------------===//
 
@@ -1307,6 +1310,15 @@ void sumSlices(const KernelContext &ctx, const float *part, const FlashParams &f
   checkLaunch(ctx, "attention backward (dk, dv slices)");
 }
 
+/// out[row, head, :] = sums[row][head * d + :] ([rows][heads * d] f32), e.g. dQ added up by atomics.
+void convertSums(const KernelContext &ctx, const float *sums, int64_t rows, int heads, int d, OutMat out) {
+  const int64_t n = rows * heads * d;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kSumThreads - 1) / kSumThreads, 4096));
+  FLASH_LAUNCH(sumSlicesKernel, dim3(blocks), kSumThreads, 0, streamOf(ctx), sums, 1, rows, heads, d, out,
+               OutMat{}, d);
+  checkLaunch(ctx, "attention backward (dq sums)");
+}
+
 /// Calls f(DK, DV) as integral constants for head dims flashHeadDims accepts.
 template <typename F> void withHeadDims(int dk, int dv, F &&f) {
   using std::integral_constant;
@@ -1388,14 +1400,24 @@ void flashBackward(const KernelContext &ctx, const AttnParams &P, Scratch &scrat
         f.dkPart = wantDk ? scratch.floats(f.slices * f.rows * P.KV * DK) : nullptr;
         f.dvPart = P.dV.t.p ? scratch.floats(f.slices * f.rows * P.KV * DV) : nullptr;
       }
+      // MOEC_ATTENTION_SINGLE_PASS=1: the wgmma dK/dV kernel also forms dQ (atomic f32 sums).
+      float *dqAccum = nullptr;
+      if (wgmma && wantDq && wgmmaDqFits(P) && envFlag("MOEC_ATTENTION_SINGLE_PASS")) {
+        dqAccum = scratch.floats(f.rows * P.H * DK);
+        zeroFill(ctx, f32Out(dqAccum), f.rows * P.H * DK);
+      }
       if (wgmma)
-        wgmmaDkDv(ctx, P, f.lse, f.dsum, f.Lp, f.headsPerBlock, f.dkPart, f.dvPart);
+        wgmmaDkDv(ctx, P, f.lse, f.dsum, f.Lp, f.headsPerBlock, f.dkPart, f.dvPart, dqAccum);
       else
         launchDkDv<DK, DV>(ctx, f, B);
       if (f.dkPart)
         sumSlices(ctx, f.dkPart, f, DK, P.dkA, P.dkB, P.dA);
       if (f.dvPart)
         sumSlices(ctx, f.dvPart, f, DV, P.dV, OutMat{}, DV);
+      if (dqAccum) {
+        convertSums(ctx, dqAccum, f.rows, P.H, DK, P.dqA);
+        return;
+      }
     }
     if (wantDq && wgmmaDqFits(P))
       wgmmaDq(ctx, P, f.lse, f.dsum, f.Lp);

@@ -53,7 +53,7 @@ void wgmmaDq(const KernelContext &ctx, const AttnParams &, const float *, const 
   ctx.fail("flash_emulation_test: the wgmma dQ is not emulated");
 }
 void wgmmaDkDv(const KernelContext &ctx, const AttnParams &, const float *, const float *, int64_t, int, float *,
-               float *) {
+               float *, float *) {
   ctx.fail("flash_emulation_test: the wgmma dK/dV is not emulated");
 }
 // The cases here leave P.savedLse null: the backward runs the statistics variant of the forward.

@@ -24,8 +24,17 @@
 // registers, dQ += dS K with dS as the A operand and K transposed. dK, dV: a
 // CTA per 128-key tile of a key/value head walks the query tiles of 64 that
 // see it, head after head of the group: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, then
-// dV += Pᵀ dO and dK += dSᵀ Q from registers. No atomics: every sum has a
-// fixed order.
+// dV += Pᵀ dO and dK += dSᵀ Q from registers. Every sum has a fixed order.
+// With MOEC_ATTENTION_SINGLE_PASS=1 that kernel also forms dQ instead of the
+// dQ kernel (FlashAttention-3's single pass: dSᵀ through shared memory, dQ's
+// part of each 64-query tile added to an f32 sum by vector atomics: 5
+// products a tile pair instead of the two kernels' 7, but not deterministic,
+// and slower on the H200 so far: 16.9 against 14.8 ms at 16384 tokens).
+//
+// No wgmma here sits behind a branch (a tile that a warpgroup cannot see is
+// masked whole, not skipped): ptxas serialises every wgmma of a kernel that
+// has one there. And no two accumulator arrays more than the registers hold
+// are live: dQ's accumulators in the dK/dV kernel are dPᵀ's.
 //
 // Tiles use the 128-byte swizzle (Hopper.cuh): Q, dO, K and V as K-major
 // boxes of [rows][64 features]; as the B operand of P V and dS K, V and K are
@@ -108,7 +117,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
   const int warpGroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 
   if (warpGroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (threadIdx.x != 0)
       return;
     mbarrierExpectBytes(&qFull, 2 * kBox);
@@ -128,7 +137,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const int consumer = warpGroup - 1;
   // Accumulator d[4j + 2r + c]: row 16 warp + lane / 4 + 8r of the warpgroup's 64, column 8j + 2 (lane % 4) + c.
   const int rowInTile = consumer * 64 + warp * 16 + (lane >> 2);
@@ -270,7 +279,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDqKernel(const __grid_constan
   const int warpGroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 
   if (warpGroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (threadIdx.x != 0)
       return;
     mbarrierExpectBytes(&qFull, 4 * kBox);
@@ -292,7 +301,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDqKernel(const __grid_constan
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const int consumer = warpGroup - 1;
   const int rowInTile = consumer * 64 + warp * 16 + (lane >> 2);
   const int firstRow = q0 + consumer * 64; // this warpgroup's rows: firstRow .. firstRow + 63
@@ -311,15 +320,10 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDqKernel(const __grid_constan
   mbarrierWait(&qFull, 0);
   for (int j = 0; j < tiles; ++j) {
     const int st = j % kDqStages, parity = (j / kDqStages) & 1, k0 = j * kDqKeys;
-    // Both warpgroups wait for every stage, even one they skip: a phase they did not wait
-    // for would be mistaken for the next one.
+    // A tile whose keys all come after this warpgroup's rows (warpgroup 1's last) is masked
+    // whole, not skipped: a branch around the products would serialise every wgmma.
     mbarrierWait(&kFull[st], parity);
     mbarrierWait(&vFull[st], parity);
-    if (k0 > firstRow + 63) { // every key after every row here (warpgroup 1's last tile)
-      if (lane == 0)
-        mbarrierArrive(&empty[st]);
-      continue;
-    }
     const uint32_t kAddress = ringAddress + st * kDqStageBytes, vAddress = kAddress + 2 * kDqBox;
     float s[32], dp[32];
 #pragma unroll
@@ -386,9 +390,17 @@ constexpr int kKvBox = kKvQueries * 128;          // a [64 queries][64 features]
 constexpr int kKvStages = 4;
 constexpr int kKvStageBytes = 4 * kKvBox;         // Q and dO: two boxes each
 constexpr size_t kKvShared = 4 * kBox + kKvStages * kKvStageBytes + 1024; // K, V, the ring, slack
+// With dQ: a ring of three stages; dSᵀ of both warpgroups ([128 keys][64 queries], bf16) in two
+// buffers, so that one barrier a step orders a buffer's writes after the products that read it
+// two steps before; and each warpgroup's f32 part of dQ ([64 queries][64 features] as two
+// swizzled boxes of 32 features) that the tensor memory accelerator adds to global memory.
+constexpr int kKvDqStages = 3;
+constexpr int kDqPartBytes = 64 * 64 * 4;
+constexpr size_t kKvDqShared = 4 * kBox + kKvDqStages * kKvStageBytes + 2 * kBox + 2 * kDqPartBytes + 1024;
 
 struct KvMaps {
   CUtensorMap q, dO, k, v;
+  CUtensorMap dq; // kDq: the f32 sum [B * L][H * 128], boxes of 64 rows x 32 features
 };
 
 struct KvParams {
@@ -402,7 +414,17 @@ struct KvParams {
   int64_t Lp = 0;
   int L = 0, H = 0, group = 1, kTiles = 0;
   float scaleLog2 = 0, scale = 0;
+  float *dqAccum = nullptr; // kDq: [B * L][H][128] f32, zeroed; each CTA adds its keys' part of dQ
 };
+
+/// Adds the shared box at `src` to the box of `map` at (c0, c1) in global memory (TMA
+/// reduction, tracked by this thread's bulk groups).
+__device__ __forceinline__ void tmaReduceAdd(const CUtensorMap &map, int c0, int c1, const void *src) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(c0), "r"(c1), "r"(sharedAddress(src))
+               : "memory");
+}
 
 /// dK and dV of one 128-key tile of a key/value head: warpgroup 0 (one thread) copies K and V
 /// once, then Q and dO tiles of 64 queries, for each head of the group (or of its slice), of
@@ -410,12 +432,22 @@ struct KvParams {
 /// Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (wgmma.m64n64k16), Pᵀ and dSᵀ in registers, then
 /// dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ, dSᵀ as A operands and dO, Q transposed. Every head's
 /// sum runs in the same order: no atomics.
+///
+/// kDq (MOEC_ATTENTION_SINGLE_PASS=1): the same pass also forms dQ (the backward in one
+/// kernel, as FlashAttention-3's): both warpgroups store their dSᵀ to shared memory, meet at a
+/// barrier, and warpgroup w takes dQ's features [64 w, 64 w + 64) of the query tile over all
+/// 128 keys, dS (dSᵀ transposed) against K's box w, and adds it to dqAccum with vector
+/// reductions. That sum's order is the GPU's: dQ is not bitwise reproducible.
+template <bool kDq>
 __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_constant__ KvMaps maps, KvParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smemRaw[];
   __shared__ uint64_t kvFull, full[kKvStages], empty[kKvStages];
   unsigned char *smem = smemRaw + ((1024 - (sharedAddress(smemRaw) & 1023)) & 1023);
   unsigned char *sK = smem, *sV = smem + 2 * kBox, *sRing = smem + 4 * kBox;
+  constexpr int kRing = kDq ? kKvDqStages : kKvStages;
+  unsigned char *sdS = sRing + kRing * kKvStageBytes; // kDq: two [128 keys][64 queries] buffers
+  unsigned char *sdQ = sdS + 2 * kBox;                  // kDq: a part of dQ per warpgroup
   const int kTile = blockIdx.x; // the keys most queries see first
   const int g = blockIdx.y / p.slices, slice = blockIdx.y % p.slices, b = blockIdx.z;
   const int firstHead = g * p.group + slice * p.headsPerBlock;
@@ -424,7 +456,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
   const int perHead = jEnd - jFirst, steps = p.headsPerBlock * perHead;
   if (threadIdx.x == 0) {
     mbarrierInit(&kvFull, 1);
-    for (int s = 0; s < kKvStages; ++s) {
+    for (int s = 0; s < kRing; ++s) {
       mbarrierInit(&full[s], 1);
       mbarrierInit(&empty[s], 8); // a lane of each consumer warp
     }
@@ -434,7 +466,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
   const int warpGroup = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 
   if (warpGroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (threadIdx.x != 0)
       return;
     mbarrierExpectBytes(&kvFull, 4 * kBox);
@@ -443,9 +475,9 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
       tmaLoad(sV + half * kBox, maps.v, g * kD + 64 * half, rowBase + k0, &kvFull);
     }
     for (int step = 0; step < steps; ++step) {
-      const int s = step % kKvStages, h = firstHead + step / perHead;
+      const int s = step % kRing, h = firstHead + step / perHead;
       const int q0 = rowBase + (jFirst + step % perHead) * kKvQueries;
-      mbarrierWait(&empty[s], ((step / kKvStages) + 1) & 1); // the first round passes at once
+      mbarrierWait(&empty[s], ((step / kRing) + 1) & 1); // the first round passes at once
       unsigned char *sQ = sRing + s * kKvStageBytes, *sdO = sQ + 2 * kKvBox;
       mbarrierExpectBytes(&full[s], 4 * kKvBox);
       for (int half = 0; half < 2; ++half) {
@@ -456,7 +488,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const int consumer = warpGroup - 1;
   // Accumulator rows are keys: 16 warp + lane / 4 + 8r of the warpgroup's 64; columns queries or features.
   const int keyInTile = consumer * 64 + warp * 16 + (lane >> 2);
@@ -470,31 +502,35 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
     dk[i] = dv[i] = 0.0f;
   mbarrierWait(&kvFull, 0);
   for (int step = 0; step < steps; ++step) {
-    const int st = step % kKvStages, parity = (step / kKvStages) & 1;
+    const int st = step % kRing, parity = (step / kRing) & 1;
     const int h = firstHead + step / perHead, q0 = (jFirst + step % perHead) * kKvQueries;
-    mbarrierWait(&full[st], parity); // even for a skipped stage (see the dQ kernel)
-    if (q0 + kKvQueries - 1 < firstKey) { // every query before every key here
-      if (lane == 0)
-        mbarrierArrive(&empty[st]);
-      continue;
-    }
+    // A tile whose queries all come before this warpgroup's keys (warpgroup 2's first) is not
+    // skipped but masked whole: a branch around the products would serialise every wgmma.
+    mbarrierWait(&full[st], parity);
     const uint32_t qAddress = ringAddress + st * kKvStageBytes, doAddress = qAddress + 2 * kKvBox;
     float s[32], dp[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i)
       s[i] = dp[i] = 0.0f;
+    // Sᵀ and dPᵀ in two groups: Pᵀ is formed while dPᵀ's products run, and lse and D are never
+    // in registers together (the accumulators of dK and dV leave little room).
     wgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t keyStep = (kk >> 2) * kBox + (kk & 3) * 32, queryStep = (kk >> 2) * kKvBox + (kk & 3) * 32;
       wgmma64<false>(s, descriptor(kAddress + keyStep, 16, 1024), descriptor(qAddress + queryStep, 16, 1024));
+    }
+    wgmmaCommit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t keyStep = (kk >> 2) * kBox + (kk & 3) * 32, queryStep = (kk >> 2) * kKvBox + (kk & 3) * 32;
       wgmma64<false>(dp, descriptor(vAddress + keyStep, 16, 1024), descriptor(doAddress + queryStep, 16, 1024));
     }
     wgmmaCommit();
-    wgmmaWait<0>();
+    wgmmaWait<1>();
 
-    // Pᵀ = 2^(Sᵀ scale log2 e - lse[query]), dSᵀ / scale = Pᵀ (dPᵀ - D[query]); masked (query < key)
-    // only near the diagonal. Rows past L have lse +inf and D 0: P = 0.
+    // Pᵀ = 2^(Sᵀ scale log2 e - lse[query]) (in s), masked (query < key) only near the diagonal.
+    // Rows past L have lse +inf and D 0: P = 0.
     const bool mask = q0 < firstKey + 63;
     const int64_t statRow = (static_cast<int64_t>(b) * p.H + h) * p.Lp + q0;
     uint32_t pa[kKvQueries / 16][4], da[kKvQueries / 16][4];
@@ -502,22 +538,45 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
     for (int jj = 0; jj < kKvQueries / 8; ++jj) {
       const int col = 8 * jj + 2 * (lane & 3);
       const float2 l2 = __ldg(reinterpret_cast<const float2 *>(p.lse + statRow + col));
-      const float2 d2 = __ldg(reinterpret_cast<const float2 *>(p.dsum + statRow + col));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float pv[2], ds[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int i = 4 * jj + 2 * r + c;
-          pv[c] = exp2Approx(fmaf(s[i], p.scaleLog2, -(c ? l2.y : l2.x)));
+          s[i] = exp2Approx(fmaf(s[i], p.scaleLog2, -(c ? l2.y : l2.x)));
           if (mask && q0 + col + c < k0 + keyInTile + 8 * r)
-            pv[c] = 0.0f;
-          ds[c] = pv[c] * (dp[i] - (c ? d2.y : d2.x));
+            s[i] = 0.0f;
         }
         // A fragment of k step jj / 2: blocks 2kk (regs 0, 1) and 2kk + 1 (regs 2, 3), rows r.
-        pa[jj >> 1][2 * (jj & 1) + r] = packBf16(pv[0], pv[1]);
-        da[jj >> 1][2 * (jj & 1) + r] = packBf16(ds[0], ds[1]);
+        pa[jj >> 1][2 * (jj & 1) + r] = packBf16(s[4 * jj + 2 * r], s[4 * jj + 2 * r + 1]);
       }
+    }
+    // dSᵀ / scale = Pᵀ (dPᵀ - D[query]).
+    wgmmaWait<0>();
+#pragma unroll
+    for (int jj = 0; jj < kKvQueries / 8; ++jj) {
+      const float2 d2 = __ldg(reinterpret_cast<const float2 *>(p.dsum + statRow + 8 * jj + 2 * (lane & 3)));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * jj + 2 * r;
+        da[jj >> 1][2 * (jj & 1) + r] = packBf16(s[i] * (dp[i] - d2.x), s[i + 1] * (dp[i + 1] - d2.y));
+      }
+    }
+    uint32_t dsAddress = 0;
+    if constexpr (kDq) {
+      // dSᵀ rows (keys) into this step's buffer, 16-byte chunks of 8 queries swizzled by row.
+      unsigned char *buffer = sdS + (step & 1) * kBox;
+      dsAddress = sharedAddress(buffer);
+#pragma unroll
+      for (int jj = 0; jj < kKvQueries / 8; ++jj)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = keyInTile + 8 * r;
+          *reinterpret_cast<uint32_t *>(buffer + key * 128 + ((jj ^ (key & 7)) << 4) + 4 * (lane & 3)) =
+              da[jj >> 1][2 * (jj & 1) + r];
+        }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // visible to wgmma
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");              // both warpgroups' halves
     }
     wgmmaFence();
 #pragma unroll
@@ -525,10 +584,53 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaDkDvKernel(const __grid_const
       wgmma128Registers(dv, pa[kk], descriptor(doAddress + kk * 2048, kKvBox, 1024));
       wgmma128Registers(dk, da[kk], descriptor(qAddress + kk * 2048, kKvBox, 1024));
     }
+    // dQ[:, 64 w ..] = dS K: A = dSᵀ stored key-major (transposed), B = K's box w (MN-major).
+    // Its accumulators are dPᵀ's, overwritten (the first product ignores them): a fresh array
+    // would need more registers than the consumers have, and serialise every wgmma.
+    float(&dq)[32] = dp;
+    if constexpr (kDq) {
+      const uint32_t kBoxAddress = sharedAddress(sK) + consumer * kBox;
+#pragma unroll
+      for (int kk = 0; kk < kRows / 16; ++kk)
+        wgmma64<true, true>(dq, descriptor(dsAddress + kk * 2048, kBox, 1024),
+                            descriptor(kBoxAddress + kk * 2048, kBox, 1024), kk > 0);
+    }
     wgmmaCommit();
     wgmmaWait<0>();
     if (lane == 0)
       mbarrierArrive(&empty[st]);
+    if constexpr (kDq) {
+      // This warpgroup's part of dQ into its shared boxes (once the reduction of the last step's
+      // has read them), then one thread has the TMA add them to the sum. Rows past the last
+      // sequence are clipped by the TMA; rows past L of another sequence get zeros (P = 0 there).
+      const bool issuer = (threadIdx.x & 127) == 0;
+      unsigned char *part = sdQ + consumer * kDqPartBytes;
+      if (issuer)
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer) : "memory");
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * 16 + (lane >> 2) + 8 * r;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int chunk = 2 * (jj & 3) + ((lane & 3) >> 1); // 16-byte chunk of the 128-byte row
+          *reinterpret_cast<float2 *>(part + (jj >> 2) * (kDqPartBytes / 2) + row * 128 +
+                                      ((chunk ^ (row & 7)) << 4) + 8 * (lane & 1)) =
+              make_float2(dq[4 * jj + 2 * r] * p.scale, dq[4 * jj + 2 * r + 1] * p.scale);
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer) : "memory");
+      if (issuer) {
+        for (int box = 0; box < 2; ++box)
+          tmaReduceAdd(maps.dq, h * kD + consumer * 64 + 32 * box, rowBase + q0, part + box * (kDqPartBytes / 2));
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      }
+    }
+  }
+  if constexpr (kDq) {
+    if ((threadIdx.x & 127) == 0) // the reductions complete before the CTA's shared memory goes
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 
 #pragma unroll
@@ -626,7 +728,7 @@ bool wgmmaDkDvFits(const AttnParams &P) {
 }
 
 void wgmmaDkDv(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp,
-               int headsPerBlock, float *dkPart, float *dvPart) {
+               int headsPerBlock, float *dkPart, float *dvPart, float *dqAccum) {
   const int64_t rows = P.B * P.L;
   KvMaps maps{boxes(ctx, P.qA, rows, kKvQueries), boxes(ctx, P.dO, rows, kKvQueries), boxes(ctx, P.kA, rows),
               boxes(ctx, P.v, rows)};
@@ -651,10 +753,23 @@ void wgmmaDkDv(const KernelContext &ctx, const AttnParams &P, const float *lse, 
   p.KV = P.KV;
   p.dkPart = dkPart;
   p.dvPart = dvPart;
-  allowShared(ctx, wgmmaDkDvKernel, kKvShared, "attention backward (dk, dv, wgmma)");
+  if (dqAccum) { // f32 [B * L][H * 128], boxes of 32 features (128 bytes: the swizzle's row) x 64 rows
+    uint64_t dims[2] = {static_cast<uint64_t>(P.H) * kD, static_cast<uint64_t>(rows)};
+    uint64_t strides[1] = {static_cast<uint64_t>(P.H) * kD * 4};
+    uint32_t box[2] = {32, kKvQueries};
+    maps.dq = tensorMap(ctx, "attention backward (dq sums, wgmma)", dqAccum, 2, dims, strides, box,
+                        CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
+  }
   dim3 grid(static_cast<unsigned>(p.kTiles), static_cast<unsigned>(P.KV * p.slices), static_cast<unsigned>(P.B));
-  wgmmaDkDvKernel<<<grid, 3 * 128, kKvShared, streamOf(ctx)>>>(maps, p);
-  checkLaunch(ctx, "attention backward (dk, dv, wgmma)");
+  if (dqAccum) {
+    allowShared(ctx, wgmmaDkDvKernel<true>, kKvDqShared, "attention backward (dq, dk, dv, wgmma)");
+    wgmmaDkDvKernel<true><<<grid, 3 * 128, kKvDqShared, streamOf(ctx)>>>(maps, p);
+    checkLaunch(ctx, "attention backward (dq, dk, dv, wgmma)");
+  } else {
+    allowShared(ctx, wgmmaDkDvKernel<false>, kKvShared, "attention backward (dk, dv, wgmma)");
+    wgmmaDkDvKernel<false><<<grid, 3 * 128, kKvShared, streamOf(ctx)>>>(maps, p);
+    checkLaunch(ctx, "attention backward (dk, dv, wgmma)");
+  }
 }
 
 void wgmmaDq(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp) {

@@ -77,8 +77,11 @@ void wgmmaDq(const KernelContext &ctx, const AttnParams &P, const float *lse, co
 bool wgmmaDkDvFits(const AttnParams &P);
 /// headsPerBlock: heads of a group per CTA; below the group, f32 parts per slice of the group
 /// into dkPart, dvPart ([group / headsPerBlock][B * L][KV * 128]) for the caller to sum.
+/// dqAccum ([B * L][H][128] f32, zeroed) or null: the same pass also adds up dQ there, scaled,
+/// with atomic reductions (MOEC_ATTENTION_SINGLE_PASS=1; not bitwise reproducible, the dQ
+/// kernel is).
 void wgmmaDkDv(const KernelContext &ctx, const AttnParams &P, const float *lse, const float *dsum, int64_t Lp,
-               int headsPerBlock, float *dkPart, float *dvPart);
+               int headsPerBlock, float *dkPart, float *dvPart, float *dqAccum);
 
 /// Whether the tensor-core kernels of Flash.cu cover this launch (Dense.cu
 /// says which launches do); denseForward / denseBackward dispatch on it.

@@ -14,11 +14,13 @@
 // backward 2.5x that), the backward also with only dQ and only dK, dV asked
 // for (these three run the statistics pass), attention's also as a training
 // step runs it (forward with its logsumexp, backward from the saved result
-// and logsumexp), then the tuning choices of Flash.cu (tile shapes of the query-tile
-// kernels, heads per dK/dV block). First it checks the fast path at full
+// and logsumexp, also in one pass: MOEC_ATTENTION_SINGLE_PASS=1), then the
+// tuning choices of Flash.cu (tile shapes of the query-tile kernels, heads
+// per dK/dV block). First it checks the fast path at full
 // size: the relative L2 difference of each output from the general kernels
 // (MOEC_ATTENTION_GENERAL=1) on the same inputs, and whether two backward
-// runs give the same bits. --general also times the general kernels.
+// runs give the same bits (not with MOEC_ATTENTION_SINGLE_PASS=1).
+// --general also times the general kernels.
 //
 //   bazel build //runtime/kernels/cuda/attention:attention_bench
 //   bazel-bin/runtime/kernels/cuda/attention/attention_bench [--shape qwen3-30b|qwen3-next|mla]
@@ -213,7 +215,8 @@ void runBench(Bench &b, const Options &o, cudaStream_t stream) {
   for (size_t i = 1; i < checked.size(); ++i)
     std::printf(" %s %.2e", b.gradNames[i - 1], relativeDiff(download(checked[i]), ref[i]));
   std::printf("\n");
-  // Deterministic: a second backward gives the same bits.
+  // Whether a second backward gives the same bits (not with MOEC_ATTENTION_SINGLE_PASS=1, whose
+  // dQ is added up by atomics).
   std::vector<std::vector<float>> first;
   for (const TensorRef &t : b.gradOutputs[0])
     first.push_back(download(t));
@@ -248,6 +251,9 @@ void runBench(Bench &b, const Options &o, cudaStream_t stream) {
     report("forward with logsumexp", time(fwdSaving, true), b.fwdFlops);
     run(forward, fwdSaving);
     report("backward from saved statistics", time(bwdSaved, false), bwdFlops);
+    setenv("MOEC_ATTENTION_SINGLE_PASS", "1", 1); // where FlashWgmma.cu's backward runs
+    report("backward from saved statistics, single pass", time(bwdSaved, false), bwdFlops);
+    unsetenv("MOEC_ATTENTION_SINGLE_PASS");
     cudaFree(lse.data);
   }
   // The tile shapes of the query-tile kernels (Flash.cu: queries per warp x keys per tile;
