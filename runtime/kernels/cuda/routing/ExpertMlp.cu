@@ -25,7 +25,8 @@
 // scratch; the GEMM operands that are activations (h, the LoRA products z,
 // dp, dg, dz) are kept in the storage type of the tokens (what a bf16 model
 // holds). Biases are added and activations computed in f32 / double like the
-// CPU. Weights whose dtype differs from the tokens' are converted first.
+// CPU, except in the bf16 grouped GEMM's gated epilogues (GroupedGemmWgmma.cu),
+// which compute the activation in f32. Weights whose dtype differs from the tokens' are converted first.
 // Element-wise kernels: grid-stride loops; per-expert bias gradients: one
 // thread per (expert, column), rows summed in order in double (deterministic,
 // no atomics).

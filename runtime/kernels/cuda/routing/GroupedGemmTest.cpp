@@ -305,6 +305,26 @@ TEST(GroupedGemm, ReduceBf16F32Out) { runAll(Reduce, plan::BF16, plan::F32); }
 TEST(GroupedGemm, ReduceBf16Bf16Out) { runAll(Reduce, plan::BF16, plan::BF16); }
 TEST(GroupedGemm, ReduceF32) { runAll(Reduce, plan::F32, plan::F32); }
 
+/// Hundreds of experts (the wgmma kernel's tile search scans the offsets 32 experts at a time),
+/// Zipf loads: a few experts with most rows, many with none.
+TEST(GroupedGemm, ManyExperts) {
+  uint64_t seed = 700;
+  for (int64_t experts : {512, 600})
+    for (Form form : {RowsNT, RowsNN}) {
+      Case c;
+      c.form = form;
+      c.ab = plan::BF16;
+      c.c = plan::BF16;
+      c.counts = zipfCounts(experts, 4000, seed);
+      c.n = 136;
+      c.k = 264;
+      c.seed = seed++;
+      run(c);
+      if (HasFatalFailure() || IsSkipped())
+        return;
+    }
+}
+
 /// Offsets starting after row 0 and ending before the last row, row strides
 /// wider than the rows (padding that must stay untouched), and a grid bound
 /// above the rows the experts own.
