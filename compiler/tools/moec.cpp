@@ -35,6 +35,9 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 
+#include <set>
+#include <string>
+
 using namespace llvm;
 
 namespace {
@@ -64,12 +67,32 @@ mlir::OwningOpRef<mlir::ModuleOp> importConfig(StringRef path, mlir::MLIRContext
   return std::move(*module);
 }
 
+/// The names of the options registered so far (the linked LLVM libraries register hundreds of
+/// code-generation options before main).
+std::set<std::string> registeredOptions() {
+  std::set<std::string> names;
+  for (auto &entry : cl::getRegisteredOptions())
+    names.insert(entry.first.str());
+  return names;
+}
+
+/// Puts the options registered since `before` (the command's own, and MLIR's when it registered
+/// them) in `category` and hides the rest from --help (they still parse; --help-hidden lists
+/// them).
+void showOnlyOptionsSince(const std::set<std::string> &before, cl::OptionCategory &category) {
+  for (auto &entry : cl::getRegisteredOptions())
+    if (!before.count(entry.first.str()))
+      entry.second->addCategory(category);
+  cl::HideUnrelatedOptions(category);
+}
+
 moec::moe::ModelOp theModel(mlir::ModuleOp module) {
   auto models = module.getOps<moec::moe::ModelOp>();
   return models.empty() ? moec::moe::ModelOp() : *models.begin();
 }
 
 int runImport(int argc, char **argv) {
+  const std::set<std::string> linked = registeredOptions();
   cl::opt<std::string> inputPath(cl::Positional, cl::desc("<config.json>"), cl::Required);
   cl::opt<std::string> outputPath("o", cl::desc("Output file (default: stdout)"),
                                   cl::value_desc("file"), cl::init("-"));
@@ -81,6 +104,8 @@ int runImport(int argc, char **argv) {
                             "parameters per layer type, totals, active parameters, bf16 bytes")));
   cl::opt<bool> summary("summary", cl::desc("Same as --emit=summary"));
   cl::opt<bool> strict("strict", cl::desc("Fail on config keys the importer does not use"));
+  cl::OptionCategory importOptions("moec import options");
+  showOnlyOptionsSince(linked, importOptions);
   cl::ParseCommandLineOptions(argc, argv, "moec import: a Hugging Face config.json to moe IR\n");
 
   mlir::MLIRContext context;
@@ -101,6 +126,7 @@ int runImport(int argc, char **argv) {
 }
 
 int runCompile(int argc, char **argv) {
+  const std::set<std::string> linked = registeredOptions();
   cl::opt<std::string> inputPath(cl::Positional, cl::desc("<config.json | model.mlir>"),
                                  cl::Required);
   cl::opt<std::string> outputPath(
@@ -178,6 +204,8 @@ int runCompile(int argc, char **argv) {
   mlir::registerPassManagerCLOptions();
   mlir::registerMLIRContextCLOptions();
   mlir::registerAsmPrinterCLOptions();
+  cl::OptionCategory compileOptions("moec compile options (and MLIR's, e.g. --mlir-print-ir-after-all)");
+  showOnlyOptionsSince(linked, compileOptions);
   cl::ParseCommandLineOptions(argc, argv,
                               "moec compile: a model to a LoRA training plan\n");
 
