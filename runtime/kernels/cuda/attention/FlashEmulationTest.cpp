@@ -56,6 +56,10 @@ void wgmmaDkDv(const KernelContext &ctx, const AttnParams &, const float *, cons
                float *, float *) {
   ctx.fail("flash_emulation_test: the wgmma dK/dV is not emulated");
 }
+// Only the single-pass wgmma backward zeroes its dQ sum.
+void zeroFill(const KernelContext &ctx, FloatOut, int64_t) {
+  ctx.fail("flash_emulation_test: zeroFill is only for the wgmma backward, not emulated");
+}
 // The cases here leave P.savedLse null: the backward runs the statistics variant of the forward.
 void statisticsFromResult(const KernelContext &ctx, const AttnParams &, float *, float *, float *, bool,
                           int64_t, float) {
