@@ -30,7 +30,7 @@ int64_t forwardFlops(StringRef kernel, const std::vector<const std::vector<int64
     return 2 * rows * dim(1, 0) * (dim(1, 1) + dim(2, 0));
   if (kernel == "router")
     return 2 * rows * dim(0, 1) * dim(1, 0);
-  if (kernel == "expert_mlp") {
+  if (kernel == "expert_mlp" || kernel == "expert_mlp_combine") { // (the combine's operands are 2-D)
     int64_t perRow = 0;
     for (const std::vector<int64_t> *shape : in)
       if (shape->size() == 3)
@@ -104,7 +104,12 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
       return llvm::is_contained(backward.getGradOfInputs(), 1) ? 2 * forward : 0;
     return forward * (1 + static_cast<int64_t>(backward.getGradOfInputs().size()));
   }
-  return forward * std::min<int64_t>(2, backward.getGradOfInputs().size());
+  // An expert MLP's backward with its combine's: the router weights' gradient costs a dot per row.
+  int64_t grads = static_cast<int64_t>(backward.getGradOfInputs().size());
+  if (kernel == "expert_mlp_combine" &&
+      llvm::is_contained(backward.getGradOfInputs(), static_cast<int64_t>(backward.getInputs().size()) - 1))
+    --grads;
+  return forward * std::min<int64_t>(2, grads);
 }
 
 } // namespace moec::compiler

@@ -183,6 +183,11 @@ int runCompile(int argc, char **argv) {
                "decided on the host), all sends every token to every rank (fixed sizes, no wait), "
                "auto picks all where nearly every token has an expert on every rank"),
       cl::init("auto"));
+  cl::opt<bool> fusedExpertBackward(
+      "fused-expert-backward",
+      cl::desc("One backward for each expert MLP and the combine of its outputs, which forms the router "
+               "weights' gradient: the expert outputs are not saved (less memory, fewer recomputed "
+               "layers). The CPU backend runs it; the CUDA backend does not have its kernel yet"));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -245,6 +250,7 @@ int runCompile(int argc, char **argv) {
   options.loraAlpha = loraAlpha;
   options.loraDropout = loraDropout;
   options.recompute = recompute;
+  options.fusedExpertBackward = fusedExpertBackward;
   options.lr = lr;
   options.warmupSteps = warmupSteps;
   options.totalSteps = totalSteps;

@@ -40,6 +40,8 @@ private:
       return model.emitError("moe-build-training-step: recompute must be none, regather or "
                              "per-layer, got '")
              << recompute << "'";
+    if (fusedExpertBackward) // read by every layer template built from here on (memory planning too)
+      model->setAttr(kFusedExpertBackward, UnitAttr::get(model.getContext()));
     auto forward = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "forward"));
     if (!forward)
       return model.emitError("moe-build-training-step: the model has no func.func @forward");

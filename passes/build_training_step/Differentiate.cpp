@@ -12,8 +12,58 @@ using namespace mlir;
 
 namespace moec::passes {
 
+namespace {
+
+/// Adds `grad` to the gradient of `value`: a value used twice (a residual) receives the sum.
+void accumulate(OpBuilder &builder, Location loc, llvm::DenseMap<Value, Value> &grads, Value value, Value grad) {
+  Value &sum = grads[value];
+  sum = sum ? builder.create<moe::AddOp>(loc, sum, grad).getResult() : grad;
+}
+
+/// The backward of a moe.combine of a moe.expert_mlp's outputs (read by nothing else) as one
+/// moe.backward "moe.expert_mlp_combine": inputs the expert MLP's operands, then the combine's
+/// indices and weights; gradients of the expert MLP's operands that need one and of the weights.
+/// The weights' gradient, dy . (expert output), comes from the experts' own backward, so the
+/// expert outputs are not a value the backward reads (not saved). False where the pattern does
+/// not hold (the default rules then apply).
+bool fuseExpertBackward(moe::CombineOp combine, Value resultGrad, const llvm::DenseSet<Value> &active,
+                        OpBuilder &builder, llvm::DenseMap<Value, Value> &grads) {
+  auto experts = combine.getExpertOutput().getDefiningOp<moe::ExpertMLPOp>();
+  if (!resultGrad || !experts || !experts->hasOneUse() || !active.contains(experts.getResult()))
+    return false;
+  auto expertRule = cast<moe::DifferentiableOpInterface>(experts.getOperation());
+  SmallVector<int64_t> inputs;
+  SmallVector<Type> types;
+  SmallVector<Value> operands(experts->getOperands());
+  for (auto [index, operand] : llvm::enumerate(operands))
+    if (expertRule.isDifferentiableOperand(index) && active.contains(operand)) {
+      inputs.push_back(index);
+      types.push_back(operand.getType());
+    }
+  if (inputs.empty())
+    return false;
+  operands.push_back(combine.getIndices());
+  operands.push_back(combine.getWeights());
+  if (cast<moe::DifferentiableOpInterface>(combine.getOperation()).isDifferentiableOperand(2) &&
+      active.contains(combine.getWeights())) {
+    inputs.push_back(static_cast<int64_t>(operands.size()) - 1);
+    types.push_back(combine.getWeights().getType());
+  }
+  SmallVector<NamedAttribute> attrs(experts->getAttrs()); // operandSegmentSizes: the experts' groups
+  auto backward = builder.create<moe::BackwardOp>(
+      combine.getLoc(), types, builder.getStringAttr("moe.expert_mlp_combine"), builder.getDictionaryAttr(attrs),
+      builder.getDenseI64ArrayAttr(inputs), builder.getDenseI64ArrayAttr({0}), operands, ValueRange(),
+      ValueRange{resultGrad});
+  for (auto [result, index] : llvm::zip(backward.getResults(), inputs))
+    accumulate(builder, combine.getLoc(), grads, operands[index], result);
+  return true;
+}
+
+} // namespace
+
 LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Value> &sources,
-                            OpBuilder &builder, llvm::DenseMap<Value, Value> &grads) {
+                            OpBuilder &builder, llvm::DenseMap<Value, Value> &grads,
+                            bool fusedExpertBackward) {
   // Activity: which values depend on something that has a gradient.
   llvm::DenseSet<Value> active(sources.begin(), sources.end());
   for (Operation *op : ops) {
@@ -38,6 +88,9 @@ LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Valu
     }
     if (!any)
       continue;
+    if (auto combine = dyn_cast<moe::CombineOp>(op);
+        combine && fusedExpertBackward && fuseExpertBackward(combine, resultGrads[0], active, builder, grads))
+      continue; // the expert MLP's result gets no gradient: the sweep skips it
     auto rule = dyn_cast<moe::DifferentiableOpInterface>(op);
     if (!rule)
       return op->emitOpError("has no differentiation rule (DifferentiableOpInterface), but a "
@@ -48,13 +101,9 @@ LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Valu
     SmallVector<Value> operandGrads;
     if (failed(rule.buildBackward(builder, resultGrads, wanted, operandGrads)))
       return failure();
-    for (auto [operand, grad] : llvm::zip(op->getOperands(), operandGrads)) {
-      if (!grad)
-        continue;
-      Value &sum = grads[operand];
-      // A value used twice (a residual) receives the sum of both gradients.
-      sum = sum ? builder.create<moe::AddOp>(op->getLoc(), sum, grad).getResult() : grad;
-    }
+    for (auto [operand, grad] : llvm::zip(op->getOperands(), operandGrads))
+      if (grad)
+        accumulate(builder, op->getLoc(), grads, operand, grad);
   }
   return success();
 }
@@ -211,7 +260,7 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   llvm::DenseMap<Value, Value> grads;
   grads[output] = outputGrad;
   builder.setInsertionPoint(yield);
-  if (failed(differentiate(forwardOps, sources, builder, grads)))
+  if (failed(differentiate(forwardOps, sources, builder, grads, model->hasAttr(kFusedExpertBackward))))
     return failure();
   SmallVector<Value> inputGrads;
   for (BlockArgument arg : floatInputs) {

@@ -21,11 +21,19 @@ namespace moec::passes {
 /// gradient of every value reached on return. Only values that depend on a
 /// gradient source get gradients: a value in `sources`, a trainable
 /// parameter's read, a layer with trainable parameters. Frozen weights get
-/// none, so no weight gradient is ever computed for them.
+/// none, so no weight gradient is ever computed for them. With
+/// `fusedExpertBackward`, a moe.combine of a moe.expert_mlp's outputs gets one
+/// moe.backward "moe.expert_mlp_combine" for both (the expert outputs are then
+/// not read by the backward, so not saved).
 mlir::LogicalResult differentiate(llvm::ArrayRef<mlir::Operation *> ops,
                                   const llvm::DenseSet<mlir::Value> &sources,
                                   mlir::OpBuilder &builder,
-                                  llvm::DenseMap<mlir::Value, mlir::Value> &grads);
+                                  llvm::DenseMap<mlir::Value, mlir::Value> &grads,
+                                  bool fusedExpertBackward = false);
+
+/// The model attribute (unit) with which every layer template trains with
+/// fusedExpertBackward (set by --moe-build-training-step=fused-expert-backward).
+inline constexpr llvm::StringLiteral kFusedExpertBackward = "fused_expert_backward";
 
 /// What the backward of a layer keeps from its forward.
 enum class Recompute {

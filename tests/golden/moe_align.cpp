@@ -30,7 +30,9 @@
 // what training computes. With --plan, every run uses that plan (a fused one
 // has no logits line) unless --base-plan gives the base run its own (unfused).
 // --recompute compiles with that policy (moec --recompute: none, regather,
-// per-layer): what the backward saves or recomputes must not change a number.
+// per-layer): what the backward saves or recomputes must not change a number;
+// --fused-expert-backward compiles with moec's flag of that name (one
+// backward for each expert MLP and its combine).
 //
 //===----------------------------------------------------------------------===//
 
@@ -106,18 +108,20 @@ int main(int argc, char **argv) {
               dtype = args.get("dtype", "float32"), dumpPath = args.get("dump"),
               goldenPath = args.get("golden"), recompute = args.get("recompute");
   int64_t cpuThreads = 0;
+  bool fusedExperts = false;
   std::string error;
-  if (!args.integer("cpu-threads", 0, cpuThreads, error))
+  if (!args.integer("cpu-threads", 0, cpuThreads, error) || !args.flag("fused-expert-backward", fusedExperts, error))
     return fail(error);
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
   if (!basePlanPath.empty() && planPath.empty())
     return fail("--base-plan goes with --plan (without --plan, moe-align compiles both)");
-  if (!recompute.empty() && !planPath.empty())
-    return fail("--recompute is for the plans moe-align compiles, not with --plan");
+  if ((!recompute.empty() || fusedExperts) && !planPath.empty())
+    return fail("--recompute and --fused-expert-backward are for the plans moe-align compiles, not with --plan");
   if (args.positional.size() != 1)
     return fail("usage: moe-align DIR [--backend cpu|cuda] [--dtype float32|bfloat16] [--golden FILE] "
-                "[--plan PLAN [--base-plan UNFUSED_PLAN] | --recompute POLICY] [--cpu-threads N] "
+                "[--plan PLAN [--base-plan UNFUSED_PLAN] | --recompute POLICY --fused-expert-backward] "
+                "[--cpu-threads N] "
                 "[--dump FILE]");
   std::string dir = args.positional[0];
   if (dtype != "float32" && dtype != "bfloat16")
@@ -163,6 +167,8 @@ int main(int argc, char **argv) {
       moecArgs.push_back("--no-fuse");
     if (!recompute.empty())
       moecArgs.insert(moecArgs.end(), {"--recompute", recompute});
+    if (fusedExperts)
+      moecArgs.push_back("--fused-expert-backward");
     if (absl::Status compiled = runMoecCompile(moecArgs); !compiled.ok())
       return compiled;
     return plan::loadPlan(planFile);

@@ -24,6 +24,7 @@ void combineForward(KernelContext &ctx);
 void combineBackward(KernelContext &ctx);
 void expertMlpForward(KernelContext &ctx);
 void expertMlpBackward(KernelContext &ctx);
+void expertMlpCombineBackward(KernelContext &ctx);
 
 // Operand layout and index checks shared with the CUDA twins.
 using checks::routing::expectIndices;

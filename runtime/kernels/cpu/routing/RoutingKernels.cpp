@@ -17,6 +17,7 @@ void registerRoutingKernels(KernelRegistry &registry) {
   registry.add("expert_mlp.backward", routing::expertMlpBackward);
   registry.add("combine", routing::combineForward);
   registry.add("combine.backward", routing::combineBackward);
+  registry.add("expert_mlp_combine.backward", routing::expertMlpCombineBackward);
 }
 
 namespace routing {
