@@ -22,7 +22,7 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   }
   passes::BuildTrainingStepPassOptions step;
   step.recompute = options.recompute;
-  step.fusedExpertBackward = options.fusedExpertBackward;
+  step.expertBackward = options.expertBackward;
   step.lr = options.lr;
   step.warmupSteps = options.warmupSteps;
   step.totalSteps = options.totalSteps;

@@ -39,11 +39,11 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<std::string> recompute{*this, "recompute",
                                 llvm::cl::desc("none, regather or per-layer (see --moe-build-training-step)"),
                                 llvm::cl::init("none")};
-  Option<bool> fusedExpertBackward{
-      *this, "fused-expert-backward",
-      llvm::cl::desc("One backward for each expert MLP and its combine: the expert outputs are not "
-                     "saved (see --moe-build-training-step)"),
-      llvm::cl::init(false)};
+  Option<std::string> expertBackward{
+      *this, "expert-backward",
+      llvm::cl::desc("auto, fused or separate: one backward for an expert MLP and its combine, the "
+                     "expert outputs not saved (see --moe-build-training-step)"),
+      llvm::cl::init("auto")};
   Option<double> lr{*this, "lr", llvm::cl::desc("Peak learning rate"), llvm::cl::init(1e-4)};
   Option<int64_t> warmupSteps{*this, "warmup-steps", llvm::cl::desc("Linear warmup steps"),
                               llvm::cl::init(10)};

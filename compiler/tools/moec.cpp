@@ -183,11 +183,12 @@ int runCompile(int argc, char **argv) {
                "decided on the host), all sends every token to every rank (fixed sizes, no wait), "
                "auto picks all where nearly every token has an expert on every rank"),
       cl::init("auto"));
-  cl::opt<bool> fusedExpertBackward(
+  cl::opt<cl::boolOrDefault> fusedExpertBackward(
       "fused-expert-backward",
       cl::desc("One backward for each expert MLP and the combine of its outputs, which forms the router "
-               "weights' gradient: the expert outputs are not saved (less memory, fewer recomputed "
-               "layers). The CPU backend runs it; the CUDA backend does not have its kernel yet"));
+               "weights' gradient: the expert outputs are not saved (less memory, fewer recomputed layers). "
+               "Default: where the CUDA kernel has its one-pass form (bf16, gated SiLU, no bias or LoRA); "
+               "=false never, =true always (elsewhere its kernels compute the expert outputs again)"));
   cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
                                            "plan then has the [tokens, vocab] logits"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
@@ -250,7 +251,9 @@ int runCompile(int argc, char **argv) {
   options.loraAlpha = loraAlpha;
   options.loraDropout = loraDropout;
   options.recompute = recompute;
-  options.fusedExpertBackward = fusedExpertBackward;
+  options.expertBackward = fusedExpertBackward == cl::BOU_TRUE    ? "fused"
+                           : fusedExpertBackward == cl::BOU_FALSE ? "separate"
+                                                                  : "auto";
   options.lr = lr;
   options.warmupSteps = warmupSteps;
   options.totalSteps = totalSteps;

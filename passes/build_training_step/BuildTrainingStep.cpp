@@ -40,8 +40,11 @@ private:
       return model.emitError("moe-build-training-step: recompute must be none, regather or "
                              "per-layer, got '")
              << recompute << "'";
-    if (fusedExpertBackward) // read by every layer template built from here on (memory planning too)
-      model->setAttr(kFusedExpertBackward, UnitAttr::get(model.getContext()));
+    if (expertBackward != "auto" && expertBackward != "fused" && expertBackward != "separate")
+      return model.emitError("moe-build-training-step: expert-backward must be auto, fused or separate, got '")
+             << expertBackward << "'";
+    // Read by every layer template built from here on (the memory planner's too).
+    model->setAttr(kExpertBackward, StringAttr::get(model.getContext(), expertBackward));
     auto forward = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, "forward"));
     if (!forward)
       return model.emitError("moe-build-training-step: the model has no func.func @forward");

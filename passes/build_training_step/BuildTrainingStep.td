@@ -30,16 +30,19 @@ def BuildTrainingStepPass : Pass<"moe-build-training-step", "::moec::moe::ModelO
     RoPE on what they read (the layer input, projections a norm's backward
     reads anyway). The optimizer is a `moe.optimizer`.
 
-    With `fused-expert-backward`, a `moe.combine` of a `moe.expert_mlp`'s
-    outputs (read by nothing else) gets one backward for both,
+    With `expert-backward=fused` (or `auto`, the default, where the CUDA
+    kernel has a one-pass form: bf16, gated SiLU with a separate gate, no
+    bias or LoRA), a `moe.combine` of a `moe.expert_mlp`'s outputs (read by
+    nothing else) gets one backward for both,
     `moe.backward "moe.expert_mlp_combine"` (inputs: the expert MLP's
     operands, then the combine's indices and weights; gradients: the expert
     operands' that need one, then the weights'). The combine's own backward
     reads the expert outputs for the router weights' gradient (d y . expert
     output); the fused one forms it inside the experts' backward, so the
     expert outputs (top-k rows of hidden size per token) are not saved. The
-    model gets the `fused_expert_backward` attribute, which every layer
-    template built later (the memory planner's recompute pairs) follows.
+    model gets the policy as its `expert_backward` attribute, which every
+    layer template built later (the memory planner's recompute pairs)
+    follows.
 
     Before (after `--moe-inject-lora`):
     ```mlir
@@ -70,10 +73,11 @@ def BuildTrainingStepPass : Pass<"moe-build-training-step", "::moec::moe::ModelO
            "What layers keep for their backward: none (save every value read), regather (as "
            "none, but gather the experts' token copies and run norms and RoPE again) or per-layer (save inputs and "
            "routing, recompute the rest)">,
-    Option<"fusedExpertBackward", "fused-expert-backward", "bool", "false",
-           "Differentiate each moe.combine of a moe.expert_mlp's outputs as one moe.backward "
-           "\"moe.expert_mlp_combine\": the router weights' gradient comes from the experts' "
-           "backward, so the expert outputs are not saved (marks the model fused_expert_backward)">,
+    Option<"expertBackward", "expert-backward", "std::string", "\"auto\"",
+           "How an expert MLP and the moe.combine of its outputs are differentiated: fused (one "
+           "moe.backward \"moe.expert_mlp_combine\", the expert outputs not saved), auto (fused "
+           "where the CUDA kernel has its one-pass form: bf16, gated SiLU, no bias or LoRA) or "
+           "separate (each op's own backward)">,
     Option<"lr", "lr", "double", "1e-4", "Peak learning rate">,
     Option<"beta1", "beta1", "double", "0.9", "AdamW beta1">,
     Option<"beta2", "beta2", "double", "0.999", "AdamW beta2">,

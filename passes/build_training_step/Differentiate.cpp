@@ -27,10 +27,16 @@ void accumulate(OpBuilder &builder, Location loc, llvm::DenseMap<Value, Value> &
 /// expert outputs are not a value the backward reads (not saved). False where the pattern does
 /// not hold (the default rules then apply).
 bool fuseExpertBackward(moe::CombineOp combine, Value resultGrad, const llvm::DenseSet<Value> &active,
-                        OpBuilder &builder, llvm::DenseMap<Value, Value> &grads) {
+                        OpBuilder &builder, llvm::DenseMap<Value, Value> &grads, ExpertBackward policy) {
   auto experts = combine.getExpertOutput().getDefiningOp<moe::ExpertMLPOp>();
   if (!resultGrad || !experts || !experts->hasOneUse() || !active.contains(experts.getResult()))
     return false;
+  if (policy == ExpertBackward::Auto) { // the CUDA kernel's one-pass form only
+    auto tokens = cast<RankedTensorType>(experts.getTokens().getType());
+    if (!tokens.getElementType().isBF16() || !experts.getGate() || experts->getNumOperands() != 5 ||
+        experts.getActivation() != moe::Activation::silu || experts.getFusedGateUp() || experts.getInOutLayout())
+      return false;
+  }
   auto expertRule = cast<moe::DifferentiableOpInterface>(experts.getOperation());
   SmallVector<int64_t> inputs;
   SmallVector<Type> types;
@@ -63,7 +69,7 @@ bool fuseExpertBackward(moe::CombineOp combine, Value resultGrad, const llvm::De
 
 LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Value> &sources,
                             OpBuilder &builder, llvm::DenseMap<Value, Value> &grads,
-                            bool fusedExpertBackward) {
+                            ExpertBackward experts) {
   // Activity: which values depend on something that has a gradient.
   llvm::DenseSet<Value> active(sources.begin(), sources.end());
   for (Operation *op : ops) {
@@ -89,7 +95,8 @@ LogicalResult differentiate(ArrayRef<Operation *> ops, const llvm::DenseSet<Valu
     if (!any)
       continue;
     if (auto combine = dyn_cast<moe::CombineOp>(op);
-        combine && fusedExpertBackward && fuseExpertBackward(combine, resultGrads[0], active, builder, grads))
+        combine && experts != ExpertBackward::Separate &&
+        fuseExpertBackward(combine, resultGrads[0], active, builder, grads, experts))
       continue; // the expert MLP's result gets no gradient: the sweep skips it
     auto rule = dyn_cast<moe::DifferentiableOpInterface>(op);
     if (!rule)
@@ -260,7 +267,12 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   llvm::DenseMap<Value, Value> grads;
   grads[output] = outputGrad;
   builder.setInsertionPoint(yield);
-  if (failed(differentiate(forwardOps, sources, builder, grads, model->hasAttr(kFusedExpertBackward))))
+  auto expertPolicy = model->getAttrOfType<StringAttr>(kExpertBackward);
+  ExpertBackward experts = !expertPolicy                       ? ExpertBackward::Separate
+                           : expertPolicy.getValue() == "fused" ? ExpertBackward::Fused
+                           : expertPolicy.getValue() == "auto"  ? ExpertBackward::Auto
+                                                                : ExpertBackward::Separate;
+  if (failed(differentiate(forwardOps, sources, builder, grads, experts)))
     return failure();
   SmallVector<Value> inputGrads;
   for (BlockArgument arg : floatInputs) {

@@ -21,19 +21,25 @@ namespace moec::passes {
 /// gradient of every value reached on return. Only values that depend on a
 /// gradient source get gradients: a value in `sources`, a trainable
 /// parameter's read, a layer with trainable parameters. Frozen weights get
-/// none, so no weight gradient is ever computed for them. With
-/// `fusedExpertBackward`, a moe.combine of a moe.expert_mlp's outputs gets one
-/// moe.backward "moe.expert_mlp_combine" for both (the expert outputs are then
-/// not read by the backward, so not saved).
+/// none, so no weight gradient is ever computed for them.
+///
+/// A moe.combine of a moe.expert_mlp's outputs may get one moe.backward
+/// "moe.expert_mlp_combine" for both: the expert outputs are then not read by
+/// the backward, so not saved. `Fused` does that for every such pair, `Auto`
+/// where the CUDA kernel has its one-pass form (bf16, gated SiLU with a
+/// separate gate, no bias or LoRA: otherwise it would compute the expert
+/// outputs again), `Separate` never.
+enum class ExpertBackward { Separate, Auto, Fused };
+
 mlir::LogicalResult differentiate(llvm::ArrayRef<mlir::Operation *> ops,
                                   const llvm::DenseSet<mlir::Value> &sources,
                                   mlir::OpBuilder &builder,
                                   llvm::DenseMap<mlir::Value, mlir::Value> &grads,
-                                  bool fusedExpertBackward = false);
+                                  ExpertBackward experts = ExpertBackward::Separate);
 
-/// The model attribute (unit) with which every layer template trains with
-/// fusedExpertBackward (set by --moe-build-training-step=fused-expert-backward).
-inline constexpr llvm::StringLiteral kFusedExpertBackward = "fused_expert_backward";
+/// The model attribute (a string: separate, auto or fused) whose policy every layer template
+/// follows (set by --moe-build-training-step=expert-backward=...).
+inline constexpr llvm::StringLiteral kExpertBackward = "expert_backward";
 
 /// What the backward of a layer keeps from its forward.
 enum class Recompute {

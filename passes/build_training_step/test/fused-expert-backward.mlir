@@ -1,12 +1,13 @@
-// RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{fused-expert-backward=true}))' | FileCheck %s
-// RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step))' | FileCheck %s --check-prefix=DEFAULT
+// RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{expert-backward=fused}))' | FileCheck %s
+// RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step))' | FileCheck %s --check-prefix=SEPARATE
+// RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{expert-backward=separate}))' | FileCheck %s --check-prefix=SEPARATE
 
-// fused-expert-backward: the expert MLP and the combine of its outputs get one backward,
+// expert-backward=fused: the expert MLP and the combine of its outputs get one backward,
 // "moe.expert_mlp_combine" (the expert MLP's operands, then the combine's indices and weights),
 // giving the expert rows' and the weights' gradients. The combine's weight gradient came from
 // the expert outputs, which the forward therefore saved; now nothing in the backward reads them
 // and the forward does not return them.
-// CHECK: moe.model @moe attributes {fused_expert_backward
+// CHECK: moe.model @moe attributes {expert_backward = "fused"
 // CHECK-LABEL: moe.layer @block_fwd(
 // CHECK: %[[E:.*]] = moe.expert_mlp
 // CHECK: moe.combine %[[E]]
@@ -18,10 +19,11 @@
 // CHECK: moe.backward "moe.dispatch"({{.*}}) grads(%[[G]]#0)
 // CHECK: moe.backward "moe.router"({{.*}}) grads(%[[G]]#1)
 
-// By default the combine's backward reads the saved expert outputs.
-// DEFAULT-LABEL: moe.layer @block_bwd(
-// DEFAULT: moe.backward "moe.combine"
-// DEFAULT: moe.backward "moe.expert_mlp"(
+// Separate (and auto here: f32, relu2, no gate, which the CUDA kernel's one-pass form does not
+// take): the combine's backward reads the saved expert outputs.
+// SEPARATE-LABEL: moe.layer @block_bwd(
+// SEPARATE: moe.backward "moe.combine"
+// SEPARATE: moe.backward "moe.expert_mlp"(
 
 moe.model @moe {
   moe.param @embed "model.embed_tokens.weight" : tensor<32x16xf32>

@@ -54,7 +54,7 @@
 // norm's output (it saves what they read: the tokens the dispatch reads and the routing; the
 // norm's input is the layer input); the backward runs the norm and the gather again, marked
 // `recomputed`, and nothing else of the forward runs twice.
-// REGATHER: moe.model @tiny attributes {recompute = "regather"}
+// REGATHER: moe.model @tiny attributes {expert_backward = "auto", recompute = "regather"}
 // REGATHER-LABEL: moe.layer @block_fwd_regather(
 // REGATHER-SAME: -> (tensor<?x16xf32>, tensor<?x16xf32>, tensor<?x2xf32>, tensor<?x2xi32>, tensor<?x16xf32>)
 // REGATHER-LABEL: moe.layer @block_bwd_regather(

@@ -34,6 +34,7 @@
 //===----------------------------------------------------------------------===//
 
 #include <algorithm>
+#include <numeric>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -718,6 +719,166 @@ void expertMlpBackward(KernelContext &ctx) {
     zeroUncountedRows(ctx, m, floatOut(*dTokens), D, off);
   else if (dx)
     storeCountedRows(ctx, m, dx, D, off, dTokens->data, dTokens->dtype);
+}
+
+
+//===----------------------------------------------------------------------===//
+// expert_mlp_combine.backward: an expert MLP's backward with its combine's
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// A warp per token copy (t, j) with an expert: its row (expert-major order) of dy's
+/// unweighted copy gets dy[t], and rowWeight[row] the copy's router weight.
+__global__ void slotGradientsKernel(FloatIn dy, const int32_t *rows, IndexIn indices, const float *weights,
+                                    int64_t topK, int64_t features, int64_t copies, FloatOut dRows,
+                                    float *rowWeight) {
+  int64_t copy = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  int lane = threadIdx.x & 31;
+  if (copy >= copies || indices[copy] < 0) // uniform across the warp
+    return;
+  int64_t t = copy / topK, row = rows[copy];
+  for (int64_t d = lane; d < features; d += 32)
+    dRows.store(row * features + d, dy[t * features + d]);
+  if (lane == 0)
+    rowWeight[row] = weights[copy];
+}
+
+/// d weights[copy] = Σ over n tiles, in order, of its row's dots (0 for a copy without expert).
+__global__ void weightGradKernel(const float *dots, const int32_t *rows, IndexIn indices, int64_t tiles,
+                                 int64_t rowCount, int64_t copies, FloatOut dWeights) {
+  int64_t copy = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (copy >= copies)
+    return;
+  float sum = 0.0f;
+  if (indices[copy] >= 0)
+    for (int64_t n = 0; n < tiles; ++n)
+      sum += dots[n * rowCount + rows[copy]];
+  dWeights.store(copy, sum);
+}
+
+using Attrs = google::protobuf::Map<std::string, plan::Attr>;
+
+void setInts(Attrs &attrs, const std::string &name, const std::vector<int64_t> &values) {
+  attrs[name].mutable_ints()->mutable_values()->Assign(values.begin(), values.end());
+}
+
+KernelContext subLaunch(const KernelContext &ctx, const char *kernel, std::vector<TensorRef> inputs,
+                        std::vector<TensorRef> outputs, const Attrs &attrs) {
+  KernelContext sub;
+  sub.kernel = ctx.kernel + " (" + kernel + ")";
+  sub.inputs = std::move(inputs);
+  sub.outputs = std::move(outputs);
+  sub.attrs = &attrs;
+  sub.seqLen = ctx.seqLen;
+  sub.microBatch = ctx.microBatch;
+  sub.pool = ctx.pool;
+  sub.stream = ctx.stream;
+  return sub;
+}
+
+} // namespace
+
+/// The twin of cpu/routing/ExpertMlpCombine.cpp. Where the gated SiLU runs in one pass
+/// (gluInOnePass: bf16, a separate gate, no bias or LoRA) and only the tokens' and the weights'
+/// gradients are wanted, the router weights' gradient comes from the experts' backward: dy's
+/// unweighted copies go through the down projection (dh' = dy W_down), the gated GEMM's epilogue
+/// scales dh' by the row's weight for the gate and up gradients and adds up dh' . h by n tile, a
+/// last kernel sums the tiles in order per copy (dy . (h W_downᵀ) = dh' . h). Otherwise the three
+/// kernels it replaces run in turn, the expert outputs computed again.
+void expertMlpCombineBackward(KernelContext &ctx) {
+  std::vector<int64_t> segments = ctx.attrInts("operand_segments"), of = ctx.gradOfInputs();
+  const int64_t expertCount = std::accumulate(segments.begin(), segments.end(), int64_t{0});
+  if (static_cast<int64_t>(ctx.inputs.size()) != expertCount + 3)
+    ctx.fail("expected the expert MLP's " + std::to_string(expertCount) +
+             " operands, indices, weights and the result's gradient; got " + std::to_string(ctx.inputs.size()) +
+             " inputs");
+  if (of.size() != ctx.outputs.size())
+    ctx.fail("grad_of_inputs lists " + std::to_string(of.size()) + " operands but there are " +
+             std::to_string(ctx.outputs.size()) + " outputs");
+  const TensorRef &indices = ctx.in(expertCount), &weights = ctx.in(expertCount + 1),
+                  &dy = ctx.in(expertCount + 2);
+  const bool wantWeights = !of.empty() && of.back() == expertCount + 1;
+  std::vector<int64_t> expertGrads(of.begin(), of.end() - (wantWeights ? 1 : 0));
+  for (int64_t operand : expertGrads)
+    if (operand < 0 || operand >= expertCount)
+      ctx.fail("grad_of_inputs names input " + std::to_string(operand) +
+               ", neither an expert MLP operand nor the weights");
+  OperandGroups ops = expertOperands(ctx);
+  Experts m = parseExperts(ctx, ops);
+  expectFloat(ctx, dy, "gradient of result");
+  ctx.expectShape(indices, "indices", {-1, -1});
+  ctx.expectShape(weights, "weights", indices.shape);
+  ctx.expectShape(dy, "gradient of result", {indices.dim(0), m.features});
+  if (weights.dtype != plan::F32)
+    ctx.fail("weights must be f32");
+  const int64_t copies = indices.numel(), R = m.rows, D = m.features, I = m.inter;
+  if (copies > R)
+    ctx.fail("the indices make " + std::to_string(copies) + " copies but the experts have " + std::to_string(R) +
+             " rows");
+
+  Operands s;
+  if (R > 0)
+    loadOperands(ctx, m, s);
+  const bool onePass = R > 0 && m.gate && !m.downBias && !m.downLora && gluInOnePass(m, s) && wantWeights &&
+                       expertGrads == std::vector<int64_t>{ops.input[Tokens]};
+  if (onePass) {
+    DeviceBuffer offsets = deviceOffsets(ctx, m);
+    ExpertRows g{offsets.as<int64_t>(), m.experts, R};
+    DeviceBuffer rows(ctx, copies * sizeof(int32_t));
+    expertMajorOrder(ctx, indices, rows.as<int32_t>(), nullptr);
+    DeviceBuffer dRows(ctx, s.type, R * D), rowWeight(ctx, plan::F32, R);
+    constexpr int kWarps = 8;
+    if (copies > 0) {
+      slotGradientsKernel<<<static_cast<unsigned>((copies + kWarps - 1) / kWarps), 32 * kWarps, 0, streamOf(ctx)>>>(
+          floatIn(dy), rows.as<int32_t>(), indexIn(indices), weights.f32(), indices.dim(1), D, copies,
+          floatOut(dRows.get(), s.type), rowWeight.as<float>());
+      checkLaunch(ctx, "expert_mlp_combine.backward: dy's copies");
+    }
+    // dh' = dy W_down (f32), then the gate's and up's gradients (scaled) and dh' . h by n tile.
+    DeviceBuffer dh(ctx, plan::F32, R * I), dp(ctx, s.type, R * I), dg(ctx, s.type, R * I);
+    projectionBackward(ctx, m, g, s.type, s.down, m.downLora, nullptr, nullptr, ProjectionGrad{}, nullptr,
+                       dRows.get(), nullptr, I, D, nullptr, dh.as<float>(), 0.0f);
+    const int64_t tiles = (I + 127) / 128;
+    DeviceBuffer dots(ctx, plan::F32, tiles * R);
+    groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, s.type, dh.as<float>(), dg.get(), dp.get(), I,
+                   rowWeight.as<float>(), dots.as<float>());
+    if (copies > 0) {
+      weightGradKernel<<<gridFor(copies), kThreads, 0, streamOf(ctx)>>>(
+          dots.as<float>(), rows.as<int32_t>(), indexIn(indices), tiles, R, copies, floatOut(ctx.outputs.back()));
+      checkLaunch(ctx, "expert_mlp_combine.backward: the weights' gradient");
+    }
+    const TensorRef &dTokens = ctx.out(0);
+    if (!groupedGemmSum(ctx, g, D, I, dp.get(), dg.get(), I, s.up, s.gate, D, I * D, false, s.type, dTokens.data,
+                        D, dTokens.dtype))
+      ctx.fail("internal: the tokens' gradient does not fit the grouped GEMM sum");
+    return zeroUncountedRows(ctx, m, floatOut(dTokens), D, offsets.as<int64_t>());
+  }
+
+  // The definition: the expert outputs again, the combine's backward, the expert MLP's backward.
+  const TensorRef &x = *m.x;
+  DeviceBuffer outputs(ctx, x.dtype, R * D), dOutputs(ctx, x.dtype, R * D);
+  TensorRef e{x.dtype, x.shape, outputs.get()}, de{x.dtype, x.shape, dOutputs.get()};
+  std::vector<TensorRef> expertInputs(ctx.inputs.begin(), ctx.inputs.begin() + expertCount);
+  KernelContext forward = subLaunch(ctx, "expert_mlp", expertInputs, {e}, *ctx.attrs);
+  expertMlpForward(forward);
+  Attrs combineAttrs;
+  setInts(combineAttrs, "grad_of_inputs", wantWeights ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0});
+  setInts(combineAttrs, "grad_of_outputs", {0});
+  setInts(combineAttrs, "backward_segments", {3, 0, 1});
+  std::vector<TensorRef> combineOut = {de};
+  if (wantWeights)
+    combineOut.push_back(ctx.outputs.back());
+  KernelContext combine = subLaunch(ctx, "combine.backward", {e, indices, weights, dy}, combineOut, combineAttrs);
+  combineBackward(combine);
+  Attrs expertAttrs = *ctx.attrs;
+  setInts(expertAttrs, "grad_of_inputs", expertGrads);
+  setInts(expertAttrs, "backward_segments", {expertCount, 0, 1});
+  expertInputs.push_back(de);
+  KernelContext backward =
+      subLaunch(ctx, "expert_mlp.backward", expertInputs,
+                std::vector<TensorRef>(ctx.outputs.begin(), ctx.outputs.begin() + expertGrads.size()), expertAttrs);
+  expertMlpBackward(backward);
 }
 
 } // namespace moec::runtime::cuda::routing

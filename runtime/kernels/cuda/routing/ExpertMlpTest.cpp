@@ -418,6 +418,68 @@ TEST(CudaExpertMlp, GatedSiluInOnePassUncountedRowsAreZero) {
   expectBackward(c, {Tokens});
 }
 
+// expert_mlp_combine.backward (moec --fused-expert-backward): the backward of combine(expert_mlp
+// (rows), indices, weights) in one launch. `tokens` tokens routed to `topK` of the experts
+// (skewed: ragged loads, empty experts), their copies in expert-major order as dispatch makes
+// them; d result random, the weights positive. Gated SiLU in bf16 storage takes the one-pass
+// path (the router weights' gradient from the gated GEMM's epilogue); f32 storage, other
+// activations, LoRA and subsets of the gradients take the composed one.
+void expectExpertCombineBackward(ExpertCase c, int64_t tokens, int64_t topK, uint64_t seed,
+                                 std::vector<int> groups = {Tokens}) {
+  std::vector<int64_t> indices = skewedIndices(tokens, topK, c.experts, seed);
+  c.counts.assign(c.experts, 0);
+  for (int64_t e : indices)
+    ++c.counts[e];
+  c.x = randomBf16(c.rows() * c.features, seed + 1);
+  std::vector<int64_t> operands;
+  expertCall(c, &operands);
+  std::vector<int64_t> wrt;
+  for (int g : groups)
+    wrt.push_back(operands[g]);
+  const size_t weightsInput = expertCall(c).inputsRef().size() + 1;
+  expectGpuMatchesCpu(
+      [&] {
+        KernelCall forward = expertCall(c);
+        KernelCall call(registry(), "expert_mlp_combine.backward");
+        call.attributes() = forward.attributes();
+        const int64_t expertOperands = static_cast<int64_t>(forward.inputsRef().size());
+        for (OwnedTensor &t : forward.inputsRef())
+          call.input(t);
+        Values weights = randomBf16(tokens * topK, seed + 2);
+        for (double &w : weights)
+          w = 0.05 + std::fabs(w);
+        call.input(indexTensor(plan::I32, {tokens, topK}, indices));
+        call.input(tensorOf({tokens, topK}, weights));
+        call.input(tensorOf({tokens, c.features}, randomBf16(tokens * c.features, seed + 3)));
+        std::vector<int64_t> all = wrt;
+        all.push_back(expertOperands + 1); // the weights
+        call.attr("grad_of_inputs", all).attr("grad_of_outputs", std::vector<int64_t>{0});
+        call.attr("backward_segments", std::vector<int64_t>{expertOperands + 2, 0, 1});
+        for (int64_t i : wrt)
+          call.output(plan::F32, forward.inputsRef().at(i).shape);
+        call.output(plan::F32, {tokens, topK});
+        return call;
+      },
+      {weightsInput}, {wrt.size()}); // the router weights and their gradient are f32
+}
+
+TEST(CudaExpertMlpCombine, GatedSiluRagged) {
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 136, 264, 501), 100, 4, 502);
+}
+
+TEST(CudaExpertMlpCombine, GatedSilu128Experts) {
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(128, 0), 64, 136, 511), 300, 8, 512);
+}
+
+TEST(CudaExpertMlpCombine, ComposedPaths) {
+  expectExpertCombineBackward(raggedCase("relu2", false, std::vector<int64_t>(8, 0), 72, 100, 521), 50, 2, 522);
+  ExpertCase lora = raggedCase("silu", true, std::vector<int64_t>(8, 0), 64, 48, 531);
+  addLora(lora, true, true, true, 532, 4);
+  expectExpertCombineBackward(lora, 60, 2, 533, {Tokens, UpA});
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 64, 48, 541), 60, 2, 542,
+                              {Tokens, Gate});
+}
+
 // Launch checks on the host (no GPU needed). The counts are checked on the
 // device (see the death tests), so they are not among these.
 TEST(CudaExpertMlpErrors, BadLaunchesNameTheProblem) {

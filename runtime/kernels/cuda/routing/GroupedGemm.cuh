@@ -69,14 +69,16 @@ bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, co
 
 /// The gated SiLU of two projections of X [rows_e, :k] in one pass: H[rows_e, :n] =
 /// silu(X Wg_eᵀ) ⊙ (X Wu_eᵀ) (Wg_e, Wu_e [n, k], wStride apart, row stride ldw; H row stride
-/// ldh), the products in f32 and the activation in double, H in the operands' type. With dH
-/// (f32, [rows, n]): instead the gradients of the gate and up pre-activations, dG = dH ⊙ U ⊙
-/// silu'(G) into `out`, dU = dH ⊙ silu(G) into `out2` (both row stride ldh). Only rows that
-/// experts own are written. The operands must fit (groupedGluFits).
+/// ldh), the products and the activation in f32, H in the operands' type. With dH (f32,
+/// [rows, n]): instead the gradients of the gate and up pre-activations, dG = dH ⊙ U ⊙
+/// silu'(G) into `out`, dU = dH ⊙ silu(G) into `out2` (both row stride ldh); with rowScale
+/// ([rows] f32) the row's dH scaled by it, and with rowDots ([ceil(n / 128)][rows] f32) each
+/// row's Σ dH ⊙ H over each 128 columns (dH unscaled). Only rows that experts own are written.
+/// The operands must fit (groupedGluFits).
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
                     int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
-                    int64_t ldh);
+                    int64_t ldh, const float *rowScale = nullptr, float *rowDots = nullptr);
 
 /// For every expert e: C_e[:m, :n] = alpha * A[rows_e, :m]ᵀ · B[rows_e, :n] + beta * C_e, the
 /// sum over the expert's rows; C_e starts cStride elements after C_{e-1}

@@ -55,15 +55,17 @@ constexpr int kBM = 128, kBN = 128, kBK = 64;
 constexpr int kTileBytes = kBM * kBK * 2; // one operand's tile: 128 rows of 128 bytes
 
 /// Two adjacent output elements of the gated modes (the second when `both`), from their
-/// accumulators: Glu stores h in `c`; GluGrad stores the gate's gradient (from dh's elements d)
-/// in `c`, the up projection's in `c2`, as pairs where they are aligned. The activation is in
-/// f32 with the SFU's exponential (relative error ~1e-7, far below the bf16 results' rounding):
-/// in double, as ExpertMlp.cu's activation kernels compute it, it held the H200's glu at 480
-/// and glu' at 404 TFLOP/s (grouped_gemm_bench, balanced), against 590 and 477 in f32.
+/// accumulators: Glu stores h in `c`; GluGrad stores the gate's gradient (from dh's elements
+/// times `scale`) in `c`, the up projection's in `c2`, as pairs where they are aligned, and adds
+/// dh . h of the pair to `dot`. The activation is in f32 with the SFU's exponential (relative
+/// error ~1e-7, far below the bf16 results' rounding): in double, as ExpertMlp.cu's activation
+/// kernels compute it, it held the H200's glu at 480 and glu' at 404 TFLOP/s
+/// (grouped_gemm_bench, balanced), against 590 and 477 in f32.
 template <int kMode, typename CT>
 __device__ __forceinline__ void gatedPair(const GroupedParams &p, const WgmmaExtra &x, int64_t row,
                                           int64_t col, bool both, const float (&gate)[2],
-                                          const float (&up)[2], const float (&d)[2]) {
+                                          const float (&up)[2], const float (&dh)[2], float scale,
+                                          float &dot) {
   float out[2], out2[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -71,9 +73,11 @@ __device__ __forceinline__ void gatedPair(const GroupedParams &p, const WgmmaExt
     if (kMode == Glu) {
       out[i] = silu * u;
     } else { // silu' = s (1 + v (1 - s)) (siluGradD, with s computed once)
-      float siluGrad = s * (1.0f + gv * (1.0f - s));
-      out[i] = d[i] * u * siluGrad;
-      out2[i] = d[i] * silu;
+      float siluGrad = s * (1.0f + gv * (1.0f - s)), d = scale * dh[i];
+      out[i] = d * u * siluGrad;
+      out2[i] = d * silu;
+      if (i == 0 || both)
+        dot = fmaf(dh[i], silu * u, dot);
     }
   }
   storeTwo(static_cast<CT *>(p.c) + row * p.ldc + col, both, out[0], out[1], 0.0f);
@@ -114,6 +118,8 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
       else
         read[i] = 0.0f;
     }
+    const float scale = kMode == GluGrad && x.rowScale ? x.rowScale[row] : 1.0f;
+    float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       int nLocal = j * 8 + 2 * (lane & 3);
@@ -122,7 +128,7 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
       int r = 4 * j + 2 * h;
       if constexpr (kTwoB) {
         gatedPair<kMode, CT>(p, x, row, n0 + nLocal, nLocal + 1 < nValid, {acc[r], acc[r + 1]},
-                             {acc2[r], acc2[r + 1]}, {read[2 * j], read[2 * j + 1]});
+                             {acc2[r], acc2[r + 1]}, {read[2 * j], read[2 * j + 1]}, scale, dot);
       } else {
         float v0 = alpha * acc[r], v1 = alpha * acc[r + 1];
         if (beta != 0.0f) {
@@ -131,6 +137,13 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
         }
         storeTwo(c + row * p.ldc + n0 + nLocal, nLocal + 1 < nValid, v0, v1, 0.0f);
       }
+    }
+    if (kMode == GluGrad && x.rowDots) { // the row's four lanes (a quad, all active or none)
+      unsigned quad = __activemask();
+      dot += __shfl_xor_sync(quad, dot, 1);
+      dot += __shfl_xor_sync(quad, dot, 2);
+      if ((lane & 3) == 0)
+        x.rowDots[(n0 / kBN) * x.rows + row] = dot;
     }
   }
 }

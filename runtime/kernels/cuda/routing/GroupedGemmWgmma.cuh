@@ -35,6 +35,12 @@ struct WgmmaExtra {
   const void *b2 = nullptr; // SumOfTwo: W2; Glu, GluGrad: the up weights
   const float *dh = nullptr; // GluGrad: dH, row stride n
   void *c2 = nullptr;        // GluGrad: the up projection's gradient, Y's row stride
+  // GluGrad, optional: the gradients use rowScale[row] dH (dH a row's unweighted gradient, the
+  // scale its router weight), and rowDots[n tile * rows + row] gets Σ dH H over the tile's
+  // columns (H = silu(G) U): an expert row's output . its unweighted gradient, by n tile.
+  const float *rowScale = nullptr;
+  float *rowDots = nullptr;
+  int64_t rows = 0;
 };
 
 /// Runs `mode` for every expert (p as groupedGemm fills it; transW: W_e [n, k]);

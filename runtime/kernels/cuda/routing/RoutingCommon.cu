@@ -24,6 +24,7 @@ void registerRoutingKernels(KernelRegistry &registry) {
   registry.add("expert_mlp.backward", routing::expertMlpBackward, OutputInit::Any);
   registry.add("combine", routing::combineForward, OutputInit::Any);
   registry.add("combine.backward", routing::combineBackward, OutputInit::Any);
+  registry.add("expert_mlp_combine.backward", routing::expertMlpCombineBackward, OutputInit::Any);
 }
 
 namespace routing {

@@ -20,6 +20,7 @@ void combineForward(KernelContext &ctx);
 void combineBackward(KernelContext &ctx);
 void expertMlpForward(KernelContext &ctx);
 void expertMlpBackward(KernelContext &ctx);
+void expertMlpCombineBackward(KernelContext &ctx);
 
 } // namespace moec::runtime::cuda::routing
 
