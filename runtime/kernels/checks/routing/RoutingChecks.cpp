@@ -3,6 +3,7 @@
 #include "runtime/kernels/checks/routing/RoutingChecks.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 namespace moec::runtime::checks::routing {
@@ -70,6 +71,80 @@ gradOutputs(const KernelContext &ctx, int64_t numOperands,
 void expectIndices(const KernelContext &ctx, const TensorRef &t) {
   if (t.dtype != plan::I32 && t.dtype != plan::I64)
     ctx.fail("indices must be i32 or i64");
+}
+
+ExpertCombineLaunch expertCombineLaunch(const KernelContext &ctx) {
+  std::vector<int64_t> segments = ctx.attrInts("operand_segments"), of = ctx.gradOfInputs();
+  ExpertCombineLaunch l;
+  l.expertOperands = std::accumulate(segments.begin(), segments.end(), int64_t{0});
+  if (static_cast<int64_t>(ctx.inputs.size()) != l.expertOperands + 3)
+    ctx.fail("expected the expert MLP's " + std::to_string(l.expertOperands) +
+             " operands, indices, weights and the result's gradient; got " + std::to_string(ctx.inputs.size()) +
+             " inputs");
+  if (of.size() != ctx.outputs.size())
+    ctx.fail("grad_of_inputs lists " + std::to_string(of.size()) + " operands but there are " +
+             std::to_string(ctx.outputs.size()) + " outputs");
+  l.indices = &ctx.in(l.expertOperands);
+  l.weights = &ctx.in(l.expertOperands + 1);
+  l.dResult = &ctx.in(l.expertOperands + 2);
+  expectIndices(ctx, *l.indices);
+  ctx.expectShape(*l.indices, "indices", {-1, -1});
+  ctx.expectShape(*l.weights, "weights", l.indices->shape);
+  if (l.weights->dtype != plan::F32)
+    ctx.fail("weights must be f32");
+  l.wantWeights = !of.empty() && of.back() == l.expertOperands + 1;
+  l.expertGrads.assign(of.begin(), of.end() - (l.wantWeights ? 1 : 0));
+  for (int64_t operand : l.expertGrads)
+    if (operand < 0 || operand >= l.expertOperands)
+      ctx.fail("grad_of_inputs names input " + std::to_string(operand) +
+               ", neither an expert MLP operand nor the weights");
+  return l;
+}
+
+namespace {
+
+using Attrs = google::protobuf::Map<std::string, plan::Attr>;
+
+void setInts(Attrs &attrs, const std::string &name, const std::vector<int64_t> &values) {
+  attrs[name].mutable_ints()->mutable_values()->Assign(values.begin(), values.end());
+}
+
+/// `kernel` on tensors of `ctx`'s (or its own) with `attrs`, on ctx's stream and threads.
+void subLaunch(const KernelContext &ctx, Kernel kernel, const char *name, std::vector<TensorRef> inputs,
+               std::vector<TensorRef> outputs, const Attrs &attrs) {
+  KernelContext sub;
+  sub.kernel = ctx.kernel + " (" + name + ")";
+  sub.inputs = std::move(inputs);
+  sub.outputs = std::move(outputs);
+  sub.attrs = &attrs;
+  sub.seqLen = ctx.seqLen;
+  sub.microBatch = ctx.microBatch;
+  sub.pool = ctx.pool;
+  sub.stream = ctx.stream;
+  kernel(sub);
+}
+
+} // namespace
+
+void composeExpertCombineBackward(const KernelContext &ctx, const ExpertCombineLaunch &l, TensorRef e,
+                                  TensorRef de, Kernel forward, Kernel combineBackward, Kernel expertBackward) {
+  std::vector<TensorRef> expertInputs(ctx.inputs.begin(), ctx.inputs.begin() + l.expertOperands);
+  subLaunch(ctx, forward, "expert_mlp", expertInputs, {e}, *ctx.attrs);
+  Attrs combineAttrs;
+  setInts(combineAttrs, "grad_of_inputs", l.wantWeights ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0});
+  setInts(combineAttrs, "grad_of_outputs", {0});
+  setInts(combineAttrs, "backward_segments", {3, 0, 1});
+  std::vector<TensorRef> combineOut = {de};
+  if (l.wantWeights)
+    combineOut.push_back(ctx.outputs.back());
+  subLaunch(ctx, combineBackward, "combine.backward", {e, *l.indices, *l.weights, *l.dResult}, combineOut,
+            combineAttrs);
+  Attrs expertAttrs = *ctx.attrs;
+  setInts(expertAttrs, "grad_of_inputs", l.expertGrads);
+  setInts(expertAttrs, "backward_segments", {l.expertOperands, 0, 1});
+  expertInputs.push_back(de);
+  subLaunch(ctx, expertBackward, "expert_mlp.backward", expertInputs,
+            std::vector<TensorRef>(ctx.outputs.begin(), ctx.outputs.begin() + l.expertGrads.size()), expertAttrs);
 }
 
 } // namespace moec::runtime::checks::routing

@@ -51,6 +51,26 @@ gradOutputs(const KernelContext &ctx, int64_t numOperands,
 /// Fails unless `t` is an I32 or I64 tensor.
 void expectIndices(const KernelContext &ctx, const TensorRef &t);
 
+/// An expert_mlp_combine.backward launch (the backward of combine(expert_mlp(...), indices,
+/// weights) in one): the expert MLP's operands first (operand_segments: its groups), then the
+/// combine's indices and weights, then d result; outputs the gradients grad_of_inputs lists, the
+/// weights' last.
+struct ExpertCombineLaunch {
+  int64_t expertOperands = 0;
+  const TensorRef *indices = nullptr, *weights = nullptr, *dResult = nullptr;
+  bool wantWeights = false;
+  std::vector<int64_t> expertGrads; // the expert operands in grad_of_inputs, in order
+};
+ExpertCombineLaunch expertCombineLaunch(const KernelContext &ctx);
+
+/// The kernel's definition, on either side: the expert outputs again (`forward`, into e), the
+/// combine's backward (`combineBackward`: d expert outputs into de, and the weights' gradient),
+/// the expert MLP's backward from de (`expertBackward`). e and de: [rows, hidden] buffers of the
+/// side's choosing.
+using Kernel = void (*)(KernelContext &ctx);
+void composeExpertCombineBackward(const KernelContext &ctx, const ExpertCombineLaunch &launch, TensorRef e,
+                                  TensorRef de, Kernel forward, Kernel combineBackward, Kernel expertBackward);
+
 } // namespace moec::runtime::checks::routing
 
 #endif // RUNTIME_KERNELS_CHECKS_ROUTING_ROUTINGCHECKS_H_

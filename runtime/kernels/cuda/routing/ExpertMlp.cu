@@ -34,7 +34,6 @@
 //===----------------------------------------------------------------------===//
 
 #include <algorithm>
-#include <numeric>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -757,26 +756,6 @@ __global__ void weightGradKernel(const float *dots, const int32_t *rows, IndexIn
   dWeights.store(copy, sum);
 }
 
-using Attrs = google::protobuf::Map<std::string, plan::Attr>;
-
-void setInts(Attrs &attrs, const std::string &name, const std::vector<int64_t> &values) {
-  attrs[name].mutable_ints()->mutable_values()->Assign(values.begin(), values.end());
-}
-
-KernelContext subLaunch(const KernelContext &ctx, const char *kernel, std::vector<TensorRef> inputs,
-                        std::vector<TensorRef> outputs, const Attrs &attrs) {
-  KernelContext sub;
-  sub.kernel = ctx.kernel + " (" + kernel + ")";
-  sub.inputs = std::move(inputs);
-  sub.outputs = std::move(outputs);
-  sub.attrs = &attrs;
-  sub.seqLen = ctx.seqLen;
-  sub.microBatch = ctx.microBatch;
-  sub.pool = ctx.pool;
-  sub.stream = ctx.stream;
-  return sub;
-}
-
 } // namespace
 
 /// The twin of cpu/routing/ExpertMlpCombine.cpp. Where the gated SiLU runs in one pass
@@ -787,31 +766,12 @@ KernelContext subLaunch(const KernelContext &ctx, const char *kernel, std::vecto
 /// last kernel sums the tiles in order per copy (dy . (h W_downᵀ) = dh' . h). Otherwise the three
 /// kernels it replaces run in turn, the expert outputs computed again.
 void expertMlpCombineBackward(KernelContext &ctx) {
-  std::vector<int64_t> segments = ctx.attrInts("operand_segments"), of = ctx.gradOfInputs();
-  const int64_t expertCount = std::accumulate(segments.begin(), segments.end(), int64_t{0});
-  if (static_cast<int64_t>(ctx.inputs.size()) != expertCount + 3)
-    ctx.fail("expected the expert MLP's " + std::to_string(expertCount) +
-             " operands, indices, weights and the result's gradient; got " + std::to_string(ctx.inputs.size()) +
-             " inputs");
-  if (of.size() != ctx.outputs.size())
-    ctx.fail("grad_of_inputs lists " + std::to_string(of.size()) + " operands but there are " +
-             std::to_string(ctx.outputs.size()) + " outputs");
-  const TensorRef &indices = ctx.in(expertCount), &weights = ctx.in(expertCount + 1),
-                  &dy = ctx.in(expertCount + 2);
-  const bool wantWeights = !of.empty() && of.back() == expertCount + 1;
-  std::vector<int64_t> expertGrads(of.begin(), of.end() - (wantWeights ? 1 : 0));
-  for (int64_t operand : expertGrads)
-    if (operand < 0 || operand >= expertCount)
-      ctx.fail("grad_of_inputs names input " + std::to_string(operand) +
-               ", neither an expert MLP operand nor the weights");
+  const checks::routing::ExpertCombineLaunch launch = checks::routing::expertCombineLaunch(ctx);
+  const TensorRef &indices = *launch.indices, &weights = *launch.weights, &dy = *launch.dResult;
   OperandGroups ops = expertOperands(ctx);
   Experts m = parseExperts(ctx, ops);
   expectFloat(ctx, dy, "gradient of result");
-  ctx.expectShape(indices, "indices", {-1, -1});
-  ctx.expectShape(weights, "weights", indices.shape);
   ctx.expectShape(dy, "gradient of result", {indices.dim(0), m.features});
-  if (weights.dtype != plan::F32)
-    ctx.fail("weights must be f32");
   const int64_t copies = indices.numel(), R = m.rows, D = m.features, I = m.inter;
   if (copies > R)
     ctx.fail("the indices make " + std::to_string(copies) + " copies but the experts have " + std::to_string(R) +
@@ -820,8 +780,8 @@ void expertMlpCombineBackward(KernelContext &ctx) {
   Operands s;
   if (R > 0)
     loadOperands(ctx, m, s);
-  const bool onePass = R > 0 && m.gate && !m.downBias && !m.downLora && gluInOnePass(m, s) && wantWeights &&
-                       expertGrads == std::vector<int64_t>{ops.input[Tokens]};
+  const bool onePass = R > 0 && m.gate && !m.downBias && !m.downLora && gluInOnePass(m, s) && launch.wantWeights &&
+                       launch.expertGrads == std::vector<int64_t>{ops.input[Tokens]};
   if (onePass) {
     DeviceBuffer offsets = deviceOffsets(ctx, m);
     ExpertRows g{offsets.as<int64_t>(), m.experts, R};
@@ -858,27 +818,9 @@ void expertMlpCombineBackward(KernelContext &ctx) {
   // The definition: the expert outputs again, the combine's backward, the expert MLP's backward.
   const TensorRef &x = *m.x;
   DeviceBuffer outputs(ctx, x.dtype, R * D), dOutputs(ctx, x.dtype, R * D);
-  TensorRef e{x.dtype, x.shape, outputs.get()}, de{x.dtype, x.shape, dOutputs.get()};
-  std::vector<TensorRef> expertInputs(ctx.inputs.begin(), ctx.inputs.begin() + expertCount);
-  KernelContext forward = subLaunch(ctx, "expert_mlp", expertInputs, {e}, *ctx.attrs);
-  expertMlpForward(forward);
-  Attrs combineAttrs;
-  setInts(combineAttrs, "grad_of_inputs", wantWeights ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0});
-  setInts(combineAttrs, "grad_of_outputs", {0});
-  setInts(combineAttrs, "backward_segments", {3, 0, 1});
-  std::vector<TensorRef> combineOut = {de};
-  if (wantWeights)
-    combineOut.push_back(ctx.outputs.back());
-  KernelContext combine = subLaunch(ctx, "combine.backward", {e, indices, weights, dy}, combineOut, combineAttrs);
-  combineBackward(combine);
-  Attrs expertAttrs = *ctx.attrs;
-  setInts(expertAttrs, "grad_of_inputs", expertGrads);
-  setInts(expertAttrs, "backward_segments", {expertCount, 0, 1});
-  expertInputs.push_back(de);
-  KernelContext backward =
-      subLaunch(ctx, "expert_mlp.backward", expertInputs,
-                std::vector<TensorRef>(ctx.outputs.begin(), ctx.outputs.begin() + expertGrads.size()), expertAttrs);
-  expertMlpBackward(backward);
+  checks::routing::composeExpertCombineBackward(ctx, launch, TensorRef{x.dtype, x.shape, outputs.get()},
+                                                TensorRef{x.dtype, x.shape, dOutputs.get()}, expertMlpForward,
+                                                combineBackward, expertMlpBackward);
 }
 
 } // namespace moec::runtime::cuda::routing
