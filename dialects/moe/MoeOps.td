@@ -742,6 +742,13 @@ def Moe_BackwardOp : Moe_Op<"backward", [Pure, AttrSizedOperandSegments]> {
     `grad_of_inputs`: the gradient of that forward operand. The runtime's
     kernel is `<forward op without "moe.">.backward`.
 
+    One `forward` names a pair of ops rather than one:
+    `"moe.expert_mlp_combine"`, the backward of a `moe.combine` of a
+    `moe.expert_mlp`'s outputs in one (`--moe-build-training-step`'s
+    `expert-backward`): its inputs are the expert MLP's operands
+    (`forward_attrs` are its attributes), then the combine's indices and
+    weights; no expert output among them.
+
     ```mlir
     %dx = moe.backward "moe.linear"(%x, %w) grads(%dy)
         {forward_attrs = {}, grad_of_inputs = array<i64: 0>, grad_of_outputs = array<i64: 0>}

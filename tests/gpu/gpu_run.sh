@@ -16,7 +16,8 @@
 #                               skips the stopped-rank check
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
-#                               and bf16, and 6 training steps of Qwen3-30B-A3B (48 and 4
+#                               and bf16 (and three in f32 with --fused-expert-backward), and 6
+#                               training steps of Qwen3-30B-A3B (48 and 4
 #                               layers) and Qwen3-Next-80B-A3B (4 layers) at 4096 tokens on
 #                               random weights; full logs go to $OUT (or .gpu/out), a table last.
 set -euo pipefail
@@ -69,6 +70,13 @@ if [ "${1:-}" = pack ]; then
           --weight-decay 0 --dtype "$dtype" "${extra[@]}" -o "$pack/plans/$f.$dtype.$fuse.moeplan" 2>/dev/null
       done
     done
+  done
+  # The expert MLP and its combine differentiated as one in float32 too (their composed kernels;
+  # the bf16 plans above take the one-pass form by default where it applies).
+  for f in qwen3_moe mixtral deepseek_v3; do
+    "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
+      --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
+      --weight-decay 0 --dtype float32 --fused-expert-backward -o "$pack/plans/$f.float32.fused-experts.moeplan" 2>/dev/null
   done
   # Meshes of two GPUs: each family on dp=2 and ep=2 (one of the golden batch's two sequences
   # per rank), and Qwen3-30B-A3B at 4096 tokens per GPU on one GPU, dp=2 and ep=2.
@@ -196,6 +204,13 @@ for f in "${families[@]}"; do
     { echo "===== moe-align $f $dtype ($status)"; cat "$out/one.log"; } >>"$out/align.log"
     summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype $dtype" "$status" "$(tail -1 "$out/one.log")")")
   done
+done
+for plan in "$pack"/plans/*.float32.fused-experts.moeplan; do
+  f="$(basename "$plan" .float32.fused-experts.moeplan)"
+  if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype float32 --plan "$plan" \
+    --base-plan "$pack/plans/$f.float32.unfused.moeplan" >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
+  { echo "===== moe-align $f float32 --fused-expert-backward ($status)"; cat "$out/one.log"; } >>"$out/align.log"
+  summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype float32 --fused-expert-backward" "$status" "$(tail -1 "$out/one.log")")")
 done
 rm -f "$out/one.log"
 : >"$out/train.log"
