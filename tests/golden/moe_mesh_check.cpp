@@ -17,7 +17,8 @@
 // tensor comparing the mesh with the single rank: the loss before each step,
 // every LoRA gradient of the first step, every parameter after the three
 // steps; exits 1 if any differs by more than relative 1e-4 (2e-2 in bf16; --tolerance),
-// or if the ranks' parameters differ from each other at all. --recompute compiles
+// or if the ranks' parameters differ from each other at all. --fused-expert-backward compiles
+// both plans with moec's flag of that name. --recompute compiles
 // the mesh plan with that policy (moec --recompute; the single rank saves
 // everything), so what the backward keeps is checked under the mesh too.
 //
@@ -158,8 +159,9 @@ int main(int argc, char **argv) {
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
+  bool fusedExperts = false;
   std::string error;
-  if (!args.integer("cpu-threads", 1, threads, error))
+  if (!args.integer("cpu-threads", 1, threads, error) || !args.flag("fused-expert-backward", fusedExperts, error))
     return fail(error);
   double tolerance = dtype == "bfloat16" ? 2e-2 : 1e-4;
   if (std::string given = args.get("tolerance"); !given.empty()) {
@@ -170,11 +172,11 @@ int main(int argc, char **argv) {
   }
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
-  if (!recompute.empty() && !singlePath.empty())
-    return fail("--recompute is for the plans moe-mesh-check compiles, not with --plan");
+  if ((!recompute.empty() || fusedExperts) && !singlePath.empty())
+    return fail("--recompute and --fused-expert-backward are for the plans moe-mesh-check compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
-                "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] "
+                "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
                 "[--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
@@ -246,6 +248,8 @@ int main(int argc, char **argv) {
                                        std::to_string(pipelineMicroBatches), "--ep-exchange", epExchange});
     if (!meshFlag.empty() && !recompute.empty())
       moecArgs.insert(moecArgs.end(), {"--recompute", recompute});
+    if (fusedExperts) // both plans: the expert MLP and its combine differentiated as one
+      moecArgs.push_back("--fused-expert-backward");
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
       return s;
     return plan::loadPlan(tempDir + "/" + name);
