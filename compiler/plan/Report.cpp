@@ -74,7 +74,17 @@ void printReport(moe::ModelOp model, const Program &program, llvm::raw_ostream &
        << " gather their experts' token copies again in the backward";
   if (recomputed || regathered)
     os << ")";
-  os << "\n\n";
+  os << "\n";
+  // How each expert MLP and its combine are differentiated (--fused-expert-backward).
+  int64_t fused = 0, separate = 0;
+  for (const ProgramStep &step : program.steps) {
+    fused += step.kernel == "expert_mlp_combine.backward";
+    separate += step.kernel == "combine.backward";
+  }
+  if (fused || separate)
+    os << "expert backward: " << fused << " expert MLP(s) differentiated with their combine (the expert outputs "
+       << "not saved), " << separate << " apart\n";
+  os << "\n";
 
   // FLOPs: rows are kernels (a backward under its forward's name), columns phases.
   std::map<std::string, std::array<int64_t, 3>> flops;

@@ -19,6 +19,8 @@
 // CHECK: parameters: total 30,558,861,312 (30.56B), trainable 26,738,688 (26.74M, 0.0875%)
 // CHECK: lora: alpha=64 dropout=0 r=32 targets=k_proj,o_proj,q_proj,v_proj
 // CHECK: recompute: none
+// bf16, gated SiLU experts without LoRA: each layer's expert MLP and combine have one backward.
+// CHECK-NEXT: expert backward: 48 expert MLP(s) differentiated with their combine (the expert outputs not saved), 0 apart
 // Forward linear FLOPs, by hand: 2 * 4096 tokens * 48 layers * (attention projections
 // 2048*(4096+512+512) + 4096*2048 = 18,874,368, router 2048*128 = 262,144 counted apart)
 //   = 7,421,703,487,488: 7.422 T. The LM head, fused with the loss (--moe-fuse), is
