@@ -1,8 +1,12 @@
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{expert-backward=fused}))' | FileCheck %s
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step))' | FileCheck %s --check-prefix=SEPARATE
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{expert-backward=separate}))' | FileCheck %s --check-prefix=SEPARATE
+// RUN: not moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{expert-backward=together}))' 2>&1 | FileCheck %s --check-prefix=BAD
 
-// expert-backward=fused: the expert MLP and the combine of its outputs get one backward,
+// Tests that an unknown policy is an error naming the accepted ones.
+// BAD: expert-backward must be auto, fused or separate, got 'together'
+
+// Tests that with expert-backward=fused the expert MLP and the combine of its outputs get one backward,
 // "moe.expert_mlp_combine" (the expert MLP's operands, then the combine's indices and weights),
 // giving the expert rows' and the weights' gradients. The combine's weight gradient came from
 // the expert outputs, which the forward therefore saved; now nothing in the backward reads them
