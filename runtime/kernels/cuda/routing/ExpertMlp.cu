@@ -2,7 +2,9 @@
 //
 // The twin of cpu/routing/ExpertMlp.cpp (read its header for the variants:
 // gated silu / relu2, ungated, gpt-oss fused interleaved clamped SwiGLU with
-// in_out_layout and biases, expert LoRA on gate / up / down).
+// in_out_layout and biases, expert LoRA on gate / up / down), and of
+// cpu/routing/ExpertMlpCombine.cpp (expert_mlp_combine.backward, at the end:
+// the expert MLP's backward with its combine's).
 //
 // Grouping, with no host synchronisation: the expert row offsets are computed
 // on the device from `counts` (one tiny kernel), and every per-expert product
