@@ -28,7 +28,8 @@
 // dp, dg, dz) are kept in the storage type of the tokens (what a bf16 model
 // holds). Biases are added and activations computed in f32 / double like the
 // CPU, except in the bf16 grouped GEMM's gated epilogues (GroupedGemmWgmma.cu),
-// which compute the activation in f32. Weights whose dtype differs from the tokens' are converted first.
+// which compute the activation in f32. Weights whose dtype differs from the
+// tokens' are converted first.
 // Element-wise kernels: grid-stride loops; per-expert bias gradients: one
 // thread per (expert, column), rows summed in order in double (deterministic,
 // no atomics).
@@ -41,6 +42,7 @@
 #include <vector>
 
 #include "runtime/kernels/cuda/routing/GroupedGemm.cuh"
+#include "runtime/kernels/cuda/routing/GroupedGemmWgmma.cuh"
 #include "runtime/kernels/cuda/routing/RoutingCommon.cuh"
 #include "runtime/kernels/cuda/routing/RoutingKernels.h"
 #include "runtime/kernels/cuda/routing/Silu.cuh"
@@ -722,7 +724,6 @@ void expertMlpBackward(KernelContext &ctx) {
     storeCountedRows(ctx, m, dx, D, off, dTokens->data, dTokens->dtype);
 }
 
-
 //===----------------------------------------------------------------------===//
 // expert_mlp_combine.backward: an expert MLP's backward with its combine's
 //===----------------------------------------------------------------------===//
@@ -782,7 +783,7 @@ void expertMlpCombineBackward(KernelContext &ctx) {
   Operands s;
   if (R > 0)
     loadOperands(ctx, m, s);
-  const bool onePass = R > 0 && m.gate && !m.downBias && !m.downLora && gluInOnePass(m, s) && launch.wantWeights &&
+  const bool onePass = R > 0 && !m.downBias && !m.downLora && gluInOnePass(m, s) && launch.wantWeights &&
                        launch.expertGrads == std::vector<int64_t>{ops.input[Tokens]};
   if (onePass) {
     DeviceBuffer offsets = deviceOffsets(ctx, m);
@@ -801,7 +802,7 @@ void expertMlpCombineBackward(KernelContext &ctx) {
     DeviceBuffer dh(ctx, plan::F32, R * I), dp(ctx, s.type, R * I), dg(ctx, s.type, R * I);
     projectionBackward(ctx, m, g, s.type, s.down, m.downLora, nullptr, nullptr, ProjectionGrad{}, nullptr,
                        dRows.get(), nullptr, I, D, nullptr, dh.as<float>(), 0.0f);
-    const int64_t tiles = (I + 127) / 128;
+    const int64_t tiles = (I + kRowDotColumns - 1) / kRowDotColumns;
     DeviceBuffer dots(ctx, plan::F32, tiles * R);
     groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, s.type, dh.as<float>(), dg.get(), dp.get(), I,
                    rowWeight.as<float>(), dots.as<float>());

@@ -72,9 +72,10 @@ bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, co
 /// ldh), the products and the activation in f32, H in the operands' type. With dH (f32,
 /// [rows, n]): instead the gradients of the gate and up pre-activations, dG = dH ⊙ U ⊙
 /// silu'(G) into `out`, dU = dH ⊙ silu(G) into `out2` (both row stride ldh); with rowScale
-/// ([rows] f32) the row's dH scaled by it, and with rowDots ([ceil(n / 128)][rows] f32) each
-/// row's Σ dH ⊙ H over each 128 columns (dH unscaled). Only rows that experts own are written.
-/// The operands must fit (groupedGluFits).
+/// ([rows] f32) the row's dH scaled by it, and with rowDots ([ceil(n / kRowDotColumns)][rows]
+/// f32) each row's Σ dH ⊙ H over each kRowDotColumns columns (dH unscaled). Only rows that
+/// experts own are written. The operands must fit (groupedGluFits). kRowDotColumns:
+/// GroupedGemmWgmma.cuh.
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
                     int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,

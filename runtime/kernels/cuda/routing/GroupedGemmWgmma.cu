@@ -52,6 +52,7 @@ using hopper::wgmmaFence;
 using hopper::wgmmaWait;
 
 constexpr int kBM = 128, kBN = 128, kBK = 64;
+static_assert(kBN == kRowDotColumns, "GluGrad's row dots are one column of partial sums per n tile");
 constexpr int kTileBytes = kBM * kBK * 2; // one operand's tile: 128 rows of 128 bytes
 
 /// Two adjacent output elements of the gated modes (the second when `both`), from their

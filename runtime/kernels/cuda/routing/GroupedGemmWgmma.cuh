@@ -30,6 +30,9 @@ enum WgmmaMode : int {
 };
 
 /// The operands of the modes beyond Plain.
+/// Columns of one n tile of the wgmma kernel: GluGrad's row dots hold a partial sum per n tile.
+constexpr int64_t kRowDotColumns = 128;
+
 struct WgmmaExtra {
   const void *a2 = nullptr; // SumOfTwo: X2
   const void *b2 = nullptr; // SumOfTwo: W2; Glu, GluGrad: the up weights
