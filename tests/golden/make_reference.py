@@ -5,6 +5,7 @@ Developer tooling (needs torch, transformers 5.17 and PEFT 0.21; the build and t
 
   python3 tests/golden/make_reference.py GOLDEN_DIR OUT.safetensors [--round-weights bf16]
       [--check GOLDEN.safetensors]
+  python3 tests/golden/make_reference.py GOLDEN_DIR OUT.safetensors --compute bf16
 
 The recipe of ../shared/golden/README.md from the step after save_pretrained: the saved model in
 float32, the golden input_ids and labels, forward with output_hidden_states (hidden_states.i,
@@ -17,6 +18,12 @@ bf16 checkpoint is. Arithmetic stays float32 and the adapter stays float32 (as P
 bf16 run of MoEC compares with this reference: rounding the weights alone moves some LoRA
 gradients of the tiny golden models by 2-10% from the float32 reference (more than bf16's
 tolerance), which says nothing about the kernels.
+
+--compute bf16 runs the same recipe the way transformers runs a bf16 model: weights and
+activations in bf16 (the model loaded with dtype=torch.bfloat16), the adapter float32 (PEFT's
+autocast_adapter_dtype). Its distance from the --round-weights bf16 reference is how far
+transformers' own bf16 arithmetic moves each tensor from the exact function of the bf16 weights:
+moe-align's --bf16-spread takes that file (docs/alignment.md).
 
 --check compares every tensor written with a golden file (a run without rounding must reproduce
 the shared golden.safetensors) and exits 1 if one differs by more than 1e-4 relative.
@@ -40,6 +47,7 @@ def main():
     parser.add_argument("golden_dir")
     parser.add_argument("out")
     parser.add_argument("--round-weights", choices=["bf16"])
+    parser.add_argument("--compute", choices=["bf16"])
     parser.add_argument("--check")
     args = parser.parse_args()
 
@@ -48,7 +56,8 @@ def main():
     golden = load_file(os.path.join(args.golden_dir, "golden.safetensors"))
     ids, labels = golden["input_ids"], golden["labels"]
 
-    model = AutoModelForCausalLM.from_pretrained(args.golden_dir, dtype=torch.float32)
+    dtype = torch.bfloat16 if args.compute == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.golden_dir, dtype=dtype)
     if args.round_weights == "bf16":
         with torch.no_grad():
             for tensor in model.state_dict().values():
@@ -85,7 +94,8 @@ def main():
         out[f"lora.after3.{n}"] = p.detach().float().contiguous()
 
     metadata = {"recipe": "../shared/golden/README.md",
-                "weights": "rounded to bf16" if args.round_weights else "as saved (float32)"}
+                "weights": "rounded to bf16" if args.round_weights or args.compute else "as saved (float32)",
+                "arithmetic": "bf16 (transformers' bf16 model)" if args.compute else "float32"}
     save_file(out, args.out, metadata=metadata)
     print(f"{args.golden_dir}: {len(out)} tensors -> {args.out} ({metadata['weights']})")
 

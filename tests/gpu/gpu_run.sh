@@ -197,7 +197,8 @@ rm -f "$out/one.log"
 : >"$out/align.log"
 for f in "${families[@]}"; do
   for dtype in float32 bfloat16; do
-    reference=(); [ "$dtype" = bfloat16 ] && reference=(--golden "tests/golden/bf16/$f.safetensors")
+    reference=(); [ "$dtype" = bfloat16 ] && reference=(--golden "tests/golden/bf16/$f.safetensors"
+      --bf16-spread "tests/golden/bf16/$f.transformers_bf16.safetensors")
     if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype "$dtype" "${reference[@]}" \
       --plan "$pack/plans/$f.$dtype.fused.moeplan" --base-plan "$pack/plans/$f.$dtype.unfused.moeplan" \
       >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
