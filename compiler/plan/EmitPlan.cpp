@@ -92,7 +92,15 @@ plan::Collective::Kind collectiveKind(const std::string &name) {
 /// One stage's program as a rank of the plan (rank 0's coordinates; emitPlan sets each
 /// rank's own), and the axes of its groups in first-use order (a pipeline exchange's key
 /// names its pair of stages: "pp@0-1").
-plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
+/// The model's expert placement of a layer (moec --expert-placement): the experts of every ep
+/// rank in turn; empty: consecutive ranges.
+ArrayRef<int64_t> placementOf(moe::ModelOp model, int layer) {
+  auto placement = model->getAttrOfType<DictionaryAttr>("expert_placement");
+  auto table = placement && layer >= 0 ? placement.getAs<DenseI64ArrayAttr>(std::to_string(layer)) : nullptr;
+  return table ? table.asArrayRef() : ArrayRef<int64_t>{};
+}
+
+plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::string> &groupKeys) {
   plan::Rank rank;
   rank.set_num_streams(1);
   for (auto [role, bytes] : program.arenaBytes()) {
@@ -137,6 +145,9 @@ plan::Rank rankOf(const Program &program, std::vector<std::string> &groupKeys) {
         collective->set_num_experts(experts.getInt());
       if (kind == plan::Collective::EXPERT_ROUTE && step.attrs && step.attrs.get("all_tokens"))
         collective->set_all_tokens(true);
+      if (kind == plan::Collective::EXPERT_ROUTE)
+        for (int64_t e : placementOf(model, step.layer))
+          collective->add_placement(e);
       std::string key = step.axis;
       if (step.peerStage >= 0)
         key += "@" + std::to_string(std::min(program.stage, step.peerStage)) + "-" +
@@ -216,7 +227,7 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
   std::vector<std::vector<std::string>> groupKeys(programs.size());
   std::vector<plan::Rank> stageRanks;
   for (auto [s, each] : llvm::enumerate(programs))
-    stageRanks.push_back(rankOf(each, groupKeys[s]));
+    stageRanks.push_back(rankOf(model, each, groupKeys[s]));
 
   // Ranks of one pipeline stage run the same program (dp, tp, ep); what differs: the windows
   // of tensors split over tp or ep they bind, and their groups: the ranks that agree with
@@ -240,6 +251,13 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
       }
       if (!buffer.expertSplit)
         continue;
+      if (ArrayRef<int64_t> placed = placementOf(model, buffer.layer); !placed.empty()) {
+        // This rank's experts, as the placement puts them (every row of a stacked tensor).
+        int64_t first = shape.coordinate(r, "ep") * buffer.shape.at(0);
+        for (int64_t e : placed.slice(first, buffer.shape.at(0)))
+          binding.add_experts(e);
+        continue;
+      }
       if (StringRef(buffer.tensor).contains("{expert}")) {
         binding.set_first_expert(shape.coordinate(r, "ep") * buffer.shape.at(0));
         continue;

@@ -135,6 +135,7 @@ private:
     bool trainable = param.getTrainable();
     int id = newBuffer(tensor, trainable ? plan::LORA_PARAM : plan::WEIGHT, param.getLocalType(), dims);
     program.buffers[id].tensor = tensor;
+    program.buffers[id].layer = layer;
     for (auto [d, axis] : llvm::enumerate(param.getShardingOrReplicated().getDims())) {
       program.buffers[id].expertSplit |= axis.getValue() == "ep";
       if (axis.getValue() == "tp")

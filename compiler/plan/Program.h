@@ -31,14 +31,16 @@ struct ProgramBuffer {
   int64_t offset = -1;
   /// Checkpoint tensor (weights, LoRA parameters), layer index resolved.
   std::string tensor;
+  /// The layer index of a parameter's tensor (-1: outside layers).
+  int layer = -1;
   /// For a LoRA parameter: its gradient and AdamW moments.
   int grad = -1, adamM = -1, adamV = -1;
   /// The layer instance a workspace buffer belongs to: every instance of a
   /// template reuses the first one's offsets.
   int instance = -1;
   /// A parameter split over ep (and its gradient): its leading dimension is this rank's
-  /// experts, `shape[0]` of them starting at `ep coordinate x shape[0]` (set per rank
-  /// at emission).
+  /// experts, `shape[0]` of them starting at `ep coordinate x shape[0]`, or those the
+  /// model's expert_placement gives its layer (set per rank at emission).
   bool expertSplit = false;
   /// A parameter split over tp (attention heads; and its gradient and moments): the
   /// dimension, `shape[tpDim]` of it per rank starting at `tp coordinate x shape[tpDim]`.

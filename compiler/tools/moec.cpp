@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/analysis/ExpertPlacement.h"
 #include "compiler/analysis/ModelSummary.h"
 #include "compiler/frontend/ImportModel.h"
 #include "compiler/pipelines/Pipelines.h"
@@ -24,17 +25,20 @@
 #include "runtime/plan/PlanValidator.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 #include "mlir/IR/AsmState.h"
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -45,6 +49,50 @@ namespace {
 int fail(const Twine &message) {
   WithColor::error(errs(), "moec") << message << "\n";
   return 1;
+}
+
+/// fail() where a bool says whether things went well.
+bool refuse(const Twine &message) {
+  fail(message);
+  return false;
+}
+
+/// --expert-placement / --expert-load: the model's `expert_placement` attribute (checked by
+/// --moe-propagate-sharding). From a measured load, says how much the busiest ep rank's share
+/// of the tokens drops.
+bool placeExperts(moec::moe::ModelOp model, int64_t ep, const std::string &placementPath,
+                  const std::string &loadPath) {
+  if (!placementPath.empty() && !loadPath.empty())
+    return refuse("--expert-placement and --expert-load both place the experts: give one");
+  if (ep < 2)
+    return refuse("--expert-placement and --expert-load place experts over ep ranks: give --mesh with ep > 1");
+  moec::analysis::ExpertPlacement placement;
+  std::string error;
+  if (!placementPath.empty() && !moec::analysis::readExpertPlacement(placementPath, ep, placement, error))
+    return refuse(error);
+  if (!loadPath.empty()) {
+    std::map<int64_t, std::vector<int64_t>> load;
+    if (!moec::analysis::readExpertLoad(loadPath, load, error))
+      return refuse(error);
+    double worstBefore = 0, worstAfter = 0;
+    for (const auto &[layer, tokens] : load) {
+      if (tokens.size() % static_cast<size_t>(ep) != 0)
+        return refuse(loadPath + ": layer " + std::to_string(layer) + " has " + std::to_string(tokens.size()) +
+                    " experts, which do not split over ep = " + std::to_string(ep));
+      placement[layer] = moec::analysis::balancedPlacement(tokens, ep);
+      worstBefore = std::max(worstBefore, moec::analysis::rankImbalance(tokens, {}, ep));
+      worstAfter = std::max(worstAfter, moec::analysis::rankImbalance(tokens, placement[layer], ep));
+    }
+    errs() << formatv("moec: experts placed by the load in {0}: {1} MoE layers; the busiest ep rank's tokens over "
+                      "the mean, worst layer: {2:F3} with consecutive experts, {3:F3} placed\n",
+                      loadPath, load.size(), worstBefore, worstAfter);
+  }
+  mlir::Builder b(model.getContext());
+  SmallVector<mlir::NamedAttribute> entries;
+  for (const auto &[layer, experts] : placement)
+    entries.push_back(b.getNamedAttr(std::to_string(layer), b.getDenseI64ArrayAttr(experts)));
+  model->setAttr("expert_placement", b.getDictionaryAttr(entries));
+  return true;
 }
 
 /// Imports a config, printing the unused-key warning (an error under --strict).
@@ -183,6 +231,14 @@ int runCompile(int argc, char **argv) {
                "decided on the host), all sends every token to every rank (fixed sizes, no wait), "
                "auto picks all where nearly every token has an expert on every rank"),
       cl::init("auto"));
+  cl::opt<std::string> expertPlacement(
+      "expert-placement", cl::value_desc("FILE"),
+      cl::desc("With ep > 1: which experts each ep rank holds, per MoE layer: "
+               "{\"layers\": {\"3\": [[experts of rank 0], [rank 1], ...]}} (default: consecutive ranges)"));
+  cl::opt<std::string> expertLoad(
+      "expert-load", cl::value_desc("METRICS.jsonl"),
+      cl::desc("With ep > 1: place the experts so that each ep rank gets about the same tokens, from the "
+               "tokens per expert a moe-run measured (its metrics.jsonl)"));
   cl::opt<cl::boolOrDefault> fusedExpertBackward(
       "fused-expert-backward",
       cl::desc("One backward for each expert MLP and the combine of its outputs, which forms the router "
@@ -236,6 +292,10 @@ int runCompile(int argc, char **argv) {
   moec::moe::ModelOp model = theModel(*module);
   if (!model)
     return fail(inputPath + ": no moe.model in the module");
+
+  if (!expertPlacement.empty() || !expertLoad.empty())
+    if (!placeExperts(model, mesh.ep, expertPlacement, expertLoad))
+      return 1;
 
   moec::pipelines::LoRATrainingOptions options;
   bool hasTrainable = false;

@@ -5,6 +5,8 @@
 #include "compiler/analysis/ModelSummary.h"
 #include "dialects/moe/MeshShape.h"
 #include "passes/propagate_sharding/TensorParallel.h"
+#include "llvm/ADT/SmallBitVector.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/IR/Builders.h"
 
@@ -91,10 +93,19 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     OpBuilder b(model.getContext());
     StringAttr axis = b.getStringAttr("ep");
     IntegerAttr ranksAttr = b.getI64IntegerAttr(ranks);
+    auto placement = model->getAttrOfType<DictionaryAttr>("expert_placement");
+    if (model->hasAttr("expert_placement") && !placement)
+      return model.emitError("--moe-propagate-sharding: expert_placement must be a dictionary from layer index to "
+                             "the experts of each ep rank in turn (array<i64>)");
+    llvm::StringSet<> placedLayers; // the placement's keys that name an MoE layer
     for (moe::ExpertMLPOp mlp : mlps) {
       int64_t experts = mlp.getNumExperts();
       if (experts % ranks != 0)
         return mlp.emitOpError("has ") << experts << " experts, which do not split over ep = " << ranks;
+      auto layer = mlp->getParentOfType<moe::LayerOp>();
+      FailureOr<bool> placed = checkPlacement(placement, mlp, layer, experts, placedLayers);
+      if (failed(placed))
+        return failure();
       // Every parameter operand after tokens and counts stacks the experts in dim 0 (expert
       // adapters too: each rank trains its experts' adapters).
       for (Value operand : mlp->getOperands().drop_front(2)) {
@@ -120,10 +131,10 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                "route it over ep");
       // The route, the sends and the return surround the unchanged local computation. Their
       // location says which sharding they come from (--emit=report lists it).
-      auto layer = mlp->getParentOfType<moe::LayerOp>();
       Location because = NameLoc::get(
-          b.getStringAttr(llvm::formatv("the {0} experts of @{1} split over ep = {2} ({3} per rank)", experts,
-                                        layer ? layer.getSymName() : "model", ranks, experts / ranks)
+          b.getStringAttr(llvm::formatv("the {0} experts of @{1} split over ep = {2} ({3} per rank{4})", experts,
+                                        layer ? layer.getSymName() : "model", ranks, experts / ranks,
+                                        *placed ? ", as expert_placement places them" : "")
                               .str()),
           dispatch.getLoc());
       b.setInsertionPoint(dispatch);
@@ -131,8 +142,12 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       auto localIndices = RankedTensorType::get({ShapedType::kDynamic, indices.getDimSize(1)},
                                                 indices.getElementType());
       auto layoutType = RankedTensorType::get({2, 2 * ranks}, b.getI64Type());
-      bool allTokens = epExchange == "all" ||
-                       (epExchange == "auto" && analysis::allTokensPays(experts, indices.getDimSize(1), ranks));
+      // A placement needs the routed exchange: the route renumbers experts on the host.
+      if (*placed && epExchange == "all")
+        return mlp.emitOpError("has an expert placement, which needs ep-exchange routed or auto (every token to "
+                               "every rank renumbers the experts as consecutive ranges)");
+      bool allTokens = epExchange == "all" || (epExchange == "auto" && !*placed &&
+                                               analysis::allTokensPays(experts, indices.getDimSize(1), ranks));
       auto route = b.create<moe::EpRouteOp>(because, TypeRange{localIndices, layoutType},
                                             dispatch.getIndices(), axis, ranksAttr,
                                             b.getI64IntegerAttr(experts), allTokens ? b.getUnitAttr() : UnitAttr());
@@ -162,7 +177,64 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                             ranksAttr);
       combine.getResult().replaceAllUsesExcept(back.getResult(), back);
     }
+    if (placement)
+      for (NamedAttribute entry : placement)
+        if (!placedLayers.contains(entry.getName().getValue()))
+          return model.emitError("--moe-propagate-sharding: expert_placement names layer '")
+                 << entry.getName().getValue() << "', which is not a layer with routed experts";
     return success();
+  }
+
+  /// The expert placement of `mlp`'s layers, if any: each layer the template instantiates has
+  /// one (an array<i64> of the E experts, each ep rank's E / ep in turn: a permutation) or
+  /// none does. Experts with adapters keep consecutive ranges (PEFT writes each rank's
+  /// window of the stacked adapters). Returns whether the layers are placed.
+  FailureOr<bool> checkPlacement(DictionaryAttr placement, moe::ExpertMLPOp mlp, moe::LayerOp layer,
+                                 int64_t experts, llvm::StringSet<> &placedLayers) {
+    if (!placement)
+      return false;
+    // The layer indices that apply this template.
+    SmallVector<int64_t> indices;
+    if (layer)
+      layer->getParentOfType<moe::ModelOp>().walk([&](moe::ApplyLayerOp apply) {
+        if (apply.getCallee() == layer.getSymName())
+          indices.push_back(apply.getIndexAttr().getInt());
+      });
+    int found = 0;
+    for (int64_t index : indices) {
+      std::string key = std::to_string(index);
+      Attribute entry = placement.get(key);
+      if (!entry)
+        continue;
+      ++found;
+      placedLayers.insert(key);
+      auto table = dyn_cast<DenseI64ArrayAttr>(entry);
+      if (!table || table.size() != experts)
+        return mlp.emitOpError("expert_placement of layer ")
+               << index << " must list its " << experts << " experts (array<i64>), got " << entry;
+      llvm::SmallBitVector seen(experts);
+      for (int64_t e : table.asArrayRef()) {
+        if (e < 0 || e >= experts || seen.test(e))
+          return mlp.emitOpError("expert_placement of layer ")
+                 << index << " must list each of experts 0.." << experts - 1 << " once, got " << entry;
+        seen.set(e);
+      }
+    }
+    if (found == 0)
+      return false;
+    if (found != static_cast<int>(indices.size()))
+      return mlp.emitOpError("expert_placement places ")
+             << found << " of the " << indices.size() << " layers of @" << layer.getSymName()
+             << ", which share one program: place all of them or none";
+    for (Value operand : mlp->getOperands().drop_front(2))
+      if (auto weight = operand.getDefiningOp<moe::WeightOp>())
+        if (auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+            param && param.getTrainable())
+          return mlp.emitOpError("has adapters on its experts (@")
+                 << param.getSymName()
+                 << "): an expert placement is not supported with expert LoRA yet (PEFT writes each rank's "
+                    "consecutive window of the stacked adapters)";
+    return true;
   }
 };
 

@@ -16,7 +16,12 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     Data parallel (`dp`): nothing to change in the forward.
 
     Expert parallel (`ep`): the routed experts split over the `ep` ranks,
-    `E / ep` consecutive experts each. Every parameter an `moe.expert_mlp`
+    `E / ep` each: consecutive, or as the model's `expert_placement`
+    attribute lists them (layer index to an array of the E experts, each
+    rank's in turn; moec --expert-placement / --expert-load sets it). A
+    placement must list every expert once, cover every layer of a layer
+    template or none, use the routed exchange, and is refused for experts
+    with adapters. Every parameter an `moe.expert_mlp`
     reads (weights, biases, expert adapters: each rank trains its experts'
     adapters) gets `sharding
     #moe.sharding<[ep, ...]>` and its `moe.weight` the type of one rank's

@@ -235,6 +235,42 @@ std::optional<uint32_t> Executor::findBuffer(const std::string &name) const {
   return it->second;
 }
 
+namespace {
+
+/// A tensor stacking every expert, bound with an expert placement: one row (one expert) at a
+/// time, each with the binding's slice of the dimensions after the first.
+absl::Status readPlacedRows(weights::Checkpoint &checkpoint, const plan::WeightBinding &binding,
+                            const std::vector<int64_t> &shape, const weights::Slice &slice, weights::DType dtype,
+                            std::vector<uint8_t> &staging) {
+  if (binding.experts_size() != shape[0])
+    return absl::InvalidArgumentError(absl::StrCat("the placement lists ", binding.experts_size(),
+                                                   " experts for a buffer of ", shape[0], " rows"));
+  absl::StatusOr<weights::TensorRef> whole = checkpoint.lookup(binding.tensor());
+  if (!whole.ok())
+    return whole.status();
+  const std::vector<int64_t> &dims = whole->info->shape;
+  if (dims.size() != shape.size())
+    return absl::InvalidArgumentError(absl::StrCat("the tensor has ", dims.size(), " dimensions, the buffer ",
+                                                   shape.size()));
+  size_t rowBytes = staging.size() / static_cast<size_t>(shape[0]);
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    weights::Slice row;
+    row.start.push_back(binding.experts(static_cast<int>(i)));
+    row.size.push_back(1);
+    for (size_t d = 1; d < dims.size(); ++d) {
+      bool sliced = d - 1 < slice.start.size();
+      row.start.push_back(sliced ? slice.start[d - 1] : 0);
+      row.size.push_back(sliced ? slice.size[d - 1] : dims[d]);
+    }
+    if (absl::Status s = checkpoint.readSlice(binding.tensor(), row, dtype, staging.data() + i * rowBytes, rowBytes);
+        !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+} // namespace
+
 absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
   std::vector<uint8_t> staging;
   for (const plan::WeightBinding &binding : rankProto->weights()) {
@@ -252,8 +288,14 @@ absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
     std::vector<int64_t> shape(b.shape().begin(), b.shape().end());
     if (binding.tensor().find("{expert}") != std::string::npos) {
       std::vector<int64_t> expertShape(shape.begin() + 1, shape.end());
-      status = checkpoint.readExperts(binding.tensor(), binding.first_expert(), shape[0], slice, expertShape,
-                                      *dtype, staging.data(), staging.size());
+      std::vector<int64_t> experts(binding.experts().begin(), binding.experts().end());
+      if (experts.empty())
+        for (int64_t i = 0; i < shape[0]; ++i)
+          experts.push_back(binding.first_expert() + i);
+      status = checkpoint.readExperts(binding.tensor(), experts, slice, expertShape, *dtype, staging.data(),
+                                      staging.size());
+    } else if (binding.experts_size() > 0) {
+      status = readPlacedRows(checkpoint, binding, shape, slice, *dtype, staging);
     } else if (!slice.start.empty()) {
       status = checkpoint.readSlice(binding.tensor(), slice, *dtype, staging.data(), staging.size());
     } else {
@@ -529,6 +571,22 @@ absl::Status Executor::launchOn(const std::string &kernel, std::vector<TensorRef
   if (!fn)
     return absl::UnimplementedError(absl::StrCat("the ", dev->name(), " backend has no kernel '", kernel, "'"));
   return invokeOn(*fn, kernel, attrs, std::move(inputs), std::move(outputs));
+}
+
+absl::Status Executor::launchOnRows(const std::string &kernel, uint32_t output, int64_t firstRow, int64_t rows,
+                                    const google::protobuf::Map<std::string, plan::Attr> &attrs) {
+  TensorRef part = buffer(output);
+  if (part.shape.empty() || firstRow < 0 || rows < 0 || firstRow + rows > part.shape[0])
+    return absl::InvalidArgumentError(absl::StrCat("rows [", firstRow, ", ", firstRow + rows, ") of buffer '",
+                                                   rankProto->buffers(static_cast<int>(output)).name(),
+                                                   "' are outside its leading dimension"));
+  size_t rowBytes = static_cast<size_t>(part.numel() / std::max<int64_t>(part.shape[0], 1)) *
+                    comm::elementBytes(part.dtype);
+  part.data = static_cast<char *>(part.data) + static_cast<size_t>(firstRow) * rowBytes;
+  part.shape[0] = rows;
+  if (absl::Status s = launchOn(kernel, {}, {part}, attrs); !s.ok())
+    return s;
+  return roundEmulated({output});
 }
 
 absl::StatusOr<float> Executor::loss() {

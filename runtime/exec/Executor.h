@@ -86,6 +86,11 @@ public:
                         std::vector<TensorRef> outputs,
                         const google::protobuf::Map<std::string, plan::Attr> &attrs);
 
+  /// launch() on rows [firstRow, firstRow + rows) of the plan buffer `output` (its leading
+  /// dimension), e.g. fill_random on one expert of an expert-parallel rank's experts.
+  absl::Status launchOnRows(const std::string &kernel, uint32_t output, int64_t firstRow, int64_t rows,
+                            const google::protobuf::Map<std::string, plan::Attr> &attrs);
+
   /// The scalar in the INPUT buffer `loss`.
   absl::StatusOr<float> loss();
   /// Each micro-batch's loss: `loss`, or `loss.0`, `loss.1`, ... on a pipeline's last stage;

@@ -3,7 +3,8 @@
 // EXPERT_ROUTE, EXPERT_SEND and EXPERT_RETURN (plan.proto): expert
 // parallelism moves each token once to every rank holding one of its experts.
 // The route reads the tokens' experts to the host (NCCL needs message sizes
-// there), decides the destinations, swaps the counts with the other ranks
+// there), decides the destinations (the experts' ranks: consecutive ranges or
+// the plan's expert placement), swaps the counts with the other ranks
 // (another wait) and sends each token's experts as local numbers. A send
 // gathers the tokens' rows per destination with one kernel
 // (Device::gatherRows) and exchanges one message per pair of ranks; a
@@ -70,12 +71,20 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
   // host between two waits for the device, once per MoE layer.
   ExpertRoute route;
   const int64_t *e = chosen.data();
+  // Each expert's rank and its number there: consecutive ranges, or the plan's placement.
+  std::vector<int32_t> owner(static_cast<size_t>(experts));
+  std::vector<int64_t> slot(static_cast<size_t>(experts));
+  for (int64_t at = 0; at < experts; ++at) {
+    int64_t expert = collective.placement_size() ? collective.placement(static_cast<int>(at)) : at;
+    owner[expert] = static_cast<int32_t>(at / perRank);
+    slot[expert] = at % perRank;
+  }
   std::vector<uint8_t> goes(static_cast<size_t>(tokens * n), 0);
   for (int64_t c = 0; c < tokens * k; ++c) {
     if (e[c] < 0 || e[c] >= experts)
       return absl::InvalidArgumentError(
           absl::StrCat("token ", c / k, " chose expert ", e[c], ", outside [0, ", experts, ")"));
-    goes[(c / k) * n + e[c] / perRank] = 1;
+    goes[(c / k) * n + owner[e[c]]] = 1;
   }
   route.sent.assign(static_cast<size_t>(n), 0);
   for (int64_t t = 0; t < tokens; ++t)
@@ -88,16 +97,16 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
   std::vector<int64_t> counts(2 * static_cast<size_t>(n), 0); // (tokens, expert copies) per rank
   int64_t p = 0;
   for (int r = 0; r < n; ++r) {
-    int64_t first = r * perRank, copies = 0;
+    int64_t copies = 0;
     for (int64_t t = 0; t < tokens; ++t) {
       if (!goes[t * n + r])
         continue;
       route.rowOf[t * n + r] = p;
       route.tokensSent[p] = t;
       for (int64_t j = 0; j < k; ++j) {
-        int64_t x = e[t * k + j] - first;
-        bool here = x >= 0 && x < perRank;
-        local[p * k + j] = here ? x : -1;
+        int64_t x = e[t * k + j];
+        bool here = owner[x] == r;
+        local[p * k + j] = here ? slot[x] : -1;
         copies += here;
       }
       ++p;

@@ -110,6 +110,8 @@ std::string stepText(int index, const Step &step) {
                     bufferList(collective.inputs()), " -> ", bufferList(collective.outputs()));
     if (collective.all_tokens())
       absl::StrAppend(&text, " all_tokens");
+    if (collective.placement_size() > 0)
+      absl::StrAppend(&text, " placement=", absl::StrJoin(collective.placement(), ","));
     break;
   }
   case Step::kRecord:
@@ -136,7 +138,9 @@ std::string bindingText(const WeightBinding &binding) {
                                     absl::StrAppend(out, range.start(), "+", range.size());
                                   }),
                     "]");
-  if (binding.first_expert() != 0 || absl::StrContains(binding.tensor(), "{expert}"))
+  if (binding.experts_size() > 0)
+    absl::StrAppend(&text, " experts=", absl::StrJoin(binding.experts(), ","));
+  else if (binding.first_expert() != 0 || absl::StrContains(binding.tensor(), "{expert}"))
     absl::StrAppend(&text, " first_expert=", binding.first_expert());
   return text;
 }

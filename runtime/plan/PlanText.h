@@ -16,6 +16,7 @@
 //     %12 activation bf16 [4096,2048] @0+16777216 live 3..57 "layer3.q"
 //     bind %0 "model.layers.3.self_attn.q_proj.weight" slice [0+2048,0+4096]
 //     bind %1 "model.layers.3.mlp.experts.{expert}.up_proj.weight" first_expert=64
+//     bind %8 "model.layers.1.mlp.experts.{expert}.up_proj.weight" experts=7,2,4,1
 //     #17 fwd L3 s0 linear %3, %5 -> %9 {flops=34359738368, transpose_b=true}  // "origin"
 //     #18 fwd L3 s0 record e0
 //     #19 fwd L3 s1 wait e0
@@ -26,7 +27,8 @@
 // are bytes in the role's arena; `live a..b` is inclusive; steps print
 // `L<layer>` only inside a layer, a kernel's tuned variant as
 // `kernel:variant`, and the origin only when set; a slice is start+size per
-// dimension. A plan without an optimizer or LoRA layout prints
+// dimension; an expert placement prints as the binding's `experts=` and the
+// route's `placement=` (each rank's experts in turn). A plan without an optimizer or LoRA layout prints
 // `optimizer none` / `lora none`.
 //
 //===----------------------------------------------------------------------===//

@@ -524,6 +524,11 @@ private:
         problems.add(at, "tensor contains an unresolved placeholder, expected only {expert}");
       if (binding.first_expert() < 0)
         problems.add(at, "first_expert is ", binding.first_expert(), ", expected >= 0");
+      for (int64_t e : binding.experts())
+        if (e < 0) {
+          problems.add(at, "experts holds ", e, ", expected expert numbers >= 0");
+          break;
+        }
 
       uint32_t id = binding.buffer();
       if (id >= static_cast<uint32_t>(rank.buffers_size())) {
@@ -544,12 +549,17 @@ private:
         continue;
       }
 
-      // With {expert} the slice addresses one expert's tensor: the buffer's
-      // shape without its leading (expert) dimension.
+      bool placed = binding.experts_size() > 0;
+      if (placed && (buffer.shape_size() == 0 || buffer.shape(0) != binding.experts_size()))
+        problems.add(at, "experts lists ", binding.experts_size(), " experts for ", bufferRef(id, buffer),
+                     " of shape ", shapeToString(buffer.shape()), ", expected one per row of its leading dimension");
+
+      // With {expert} (or a placement's experts) the slice addresses one expert's tensor: the
+      // buffer's shape without its leading (expert) dimension.
       const Slice &slice = binding.slice();
       if (slice.dims_size() == 0)
         continue;
-      int skip = hasExpert ? 1 : 0;
+      int skip = hasExpert || placed ? 1 : 0;
       int expectedDims = buffer.shape_size() - skip;
       if (slice.dims_size() != expectedDims) {
         problems.add(at, "slice has ", slice.dims_size(), " dims, expected ", expectedDims, " (",
@@ -688,6 +698,19 @@ private:
     if (route && (collective.num_experts() < n || collective.num_experts() % n != 0))
       say(absl::StrCat("num_experts is ", collective.num_experts(), ", expected a positive multiple of the group size (",
                        n, ")"));
+    if (collective.placement_size() > 0) {
+      std::vector<bool> seen(static_cast<size_t>(std::max<int64_t>(collective.num_experts(), 0)), false);
+      bool permutation = route && !collective.all_tokens() && collective.placement_size() == collective.num_experts();
+      for (int64_t e : collective.placement()) {
+        permutation &= e >= 0 && e < collective.num_experts() && !seen[static_cast<size_t>(e)];
+        if (permutation)
+          seen[static_cast<size_t>(e)] = true;
+      }
+      if (!permutation)
+        say(absl::StrCat("placement has ", collective.placement_size(),
+                         " entries, expected a permutation of the ", collective.num_experts(),
+                         " experts on a route that does not send every token to every rank"));
+    }
     const Buffer *layout = route ? out[1] : in[1];
     if (layout->dtype() != I64 || dims(layout) != std::vector<int64_t>{2, 2 * n})
       say(absl::StrCat("layout is ", dtypeName(layout->dtype()), " [", absl::StrJoin(dims(layout), ","),

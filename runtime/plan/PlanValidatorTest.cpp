@@ -351,6 +351,34 @@ TEST_F(PlanValidatorTest, RejectsAnExpertRouteWhoseExpertsDoNotSplitOverTheGroup
                                          "size (2)"));
 }
 
+TEST_F(PlanValidatorTest, AcceptsAnExpertPlacementAndRejectsOneThatIsNotAPermutation) {
+  makeExpertRoute(plan, {12, 2});
+  Collective *route = rank0().mutable_steps(4)->mutable_collective();
+  for (int64_t e : {3, 0, 2, 1})
+    route->add_placement(e);
+  EXPECT_EQ(messageOf(plan), "OK");
+  route->set_placement(2, 3); // expert 3 twice, 2 nowhere
+  EXPECT_THAT(messageOf(plan), HasSubstr("expert_route: placement has 4 entries, expected a permutation of the 4 "
+                                         "experts on a route that does not send every token to every rank"));
+  route->set_placement(2, 2);
+  route->set_all_tokens(true);
+  EXPECT_THAT(messageOf(plan), HasSubstr("expected a permutation of the 4 experts on a route that does not send "
+                                         "every token to every rank"));
+}
+
+TEST_F(PlanValidatorTest, RejectsPlacedExpertsThatDoNotMatchTheBuffersRows) {
+  // Weights[1] binds the [4, 16, 64] experts buffer: a placement lists one expert per row.
+  WeightBinding &experts = *rank0().mutable_weights(1);
+  for (int64_t e : {7, 6, 5, 4})
+    experts.add_experts(e);
+  EXPECT_EQ(messageOf(plan), "OK");
+  experts.add_experts(3);
+  EXPECT_THAT(messageOf(plan), HasSubstr("experts lists 5 experts for buffer 1"));
+  experts.clear_experts();
+  experts.add_experts(-1);
+  EXPECT_THAT(messageOf(plan), HasSubstr("experts holds -1, expected expert numbers >= 0"));
+}
+
 TEST_F(PlanValidatorTest, RejectsAnExpertRouteWithMissingOutputs) {
   makeExpertRoute(plan, {12, 2});
   rank0().mutable_steps(4)->mutable_collective()->mutable_outputs()->RemoveLast();

@@ -147,13 +147,14 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
     for (int d = 1; d < buffer.shape_size(); ++d)
       perRow *= buffer.shape(d);
     int64_t firstRow = binding.first_expert();
-    if (binding.slice().dims_size() > 0)
+    if (binding.slice().dims_size() > 0 && binding.experts_size() == 0 && name.find("{expert}") == std::string::npos)
       firstRow = binding.slice().dims(0).start();
     // A tensor-parallel rank's window of a tensor: split along one dimension d, it is a window
     // of columns of the tensor seen as [dims before d, dims from d] (per expert for "{expert}"
-    // names, whose slices leave out the expert dimension).
+    // names and placed experts, whose slices leave out the expert dimension).
     const moec::plan::Slice &slice = binding.slice();
-    int skip = name.find("{expert}") != std::string::npos ? 1 : 0;
+    int skip = name.find("{expert}") != std::string::npos || binding.experts_size() > 0 ? 1 : 0;
+    int64_t expertElements = 0; // with a window: one expert's elements in the whole tensor
     if (binding.whole_shape_size() == slice.dims_size() && slice.dims_size() + skip == buffer.shape_size()) {
       int split = -1;
       for (int d = 0; d < slice.dims_size(); ++d)
@@ -173,18 +174,28 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
         attrs["whole_columns"].set_i(whole);
         attrs["first_column"].set_i(slice.dims(split).start() * inner);
         // Experts: each expert's whole tensor comes before the next one's.
-        int64_t expertElements = skip ? whole : 0;
+        expertElements = skip ? whole : 0;
         for (int d = 0; skip && d < split; ++d)
           expertElements *= binding.whole_shape(d);
-        attrs["first_index"].set_i(binding.first_expert() * expertElements);
-        if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
-          return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));
-        continue;
       }
     }
-    attrs["first_index"].set_i(firstRow * perRow);
-    if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
+    // Where row `row` of the buffer (an expert) starts in the whole tensor.
+    int64_t rowElements = expertElements > 0 || attrs.count("whole_columns") ? expertElements : perRow;
+    auto fail = [&](const absl::Status &s) {
       return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));
+    };
+    if (binding.experts_size() == 0) {
+      attrs["first_index"].set_i(firstRow * rowElements);
+      if (absl::Status s = session.executor->launch("fill_random", {}, {binding.buffer()}, attrs); !s.ok())
+        return fail(s);
+      continue;
+    }
+    // An expert placement: each row is the expert the placement puts there.
+    for (int row = 0; row < binding.experts_size(); ++row) {
+      attrs["first_index"].set_i(binding.experts(row) * rowElements);
+      if (absl::Status s = session.executor->launchOnRows("fill_random", binding.buffer(), row, 1, attrs); !s.ok())
+        return fail(s);
+    }
   }
   return session.device->synchronize();
 }
@@ -554,13 +565,11 @@ int runTrain(Args &args, const RankSetup &setup) {
                       "],\"imbalance\":", imbalance);
       // Experts split over ep: the rows each expert-parallel rank receives, and their
       // imbalance (what decides the slowest rank; input for placing experts).
-      if (int ep = session.plan.mesh().ep(); ep > 1 && counts.size() % ep == 0) {
-        std::vector<int64_t> perRank(static_cast<size_t>(ep), 0);
-        for (size_t e = 0; e < counts.size(); ++e)
-          perRank[e / (counts.size() / ep)] += counts[e];
+      if (auto ranks = stats->epRankLoad.find(layer); ranks != stats->epRankLoad.end()) {
+        const std::vector<int64_t> &perRank = ranks->second;
         int64_t busiest = *std::max_element(perRank.begin(), perRank.end());
         absl::StrAppend(&load, ",\"ep_ranks\":[", absl::StrJoin(perRank, ","), "],\"ep_imbalance\":",
-                        total ? busiest * static_cast<double>(ep) / total : 0);
+                        total ? busiest * static_cast<double>(perRank.size()) / total : 0);
       }
       absl::StrAppend(&load, "}");
     }

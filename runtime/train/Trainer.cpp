@@ -89,6 +89,15 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
     countsTotal += slot.second * dispatches[layer];
   }
   loadDispatches = dispatches;
+  for (const plan::Step &step : rank.steps())
+    if (step.has_collective() && step.collective().kind() == plan::Collective::EXPERT_ROUTE &&
+        step.phase() == plan::FORWARD && !expertPosition.count(step.layer())) {
+      std::vector<int64_t> &position = expertPosition[step.layer()];
+      position.resize(static_cast<size_t>(step.collective().num_experts()));
+      for (size_t p = 0; p < position.size(); ++p)
+        position[step.collective().placement_size() ? step.collective().placement(static_cast<int>(p)) : p] =
+            static_cast<int64_t>(p);
+    }
   std::map<int, size_t> seen; // forward dispatches of a layer so far: its micro-batch
   for (int s = 0; s < rank.steps_size(); ++s) {
     const plan::Step &step = rank.steps(s);
@@ -365,6 +374,7 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
     return status;
   // Tokens per expert from each forward dispatch, read once.
   lastLoad.clear();
+  lastRankLoad.clear();
   if (copies && countsTotal > 0) { // the same on every rank: the sum below is a collective
     // tp ranks share their tokens: one of them counts them.
     if (!countsLoads)
@@ -383,6 +393,19 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
       for (size_t m = 0; m < loadDispatches[layer]; ++m)
         for (size_t e = 0; e < slot.second; ++e)
           load[e] += all[slot.first + m * slot.second + e];
+      // Split over ep, each rank counted its own experts, in its place: back to expert order.
+      auto placed = expertPosition.find(layer);
+      if (placed == expertPosition.end() || placed->second.size() != load.size())
+        continue;
+      std::vector<int64_t> byPosition = load;
+      int ep = std::max(1, executor.planProto().mesh().ep());
+      size_t perRank = load.size() / static_cast<size_t>(ep);
+      std::vector<int64_t> &ranks = lastRankLoad[layer];
+      ranks.assign(static_cast<size_t>(ep), 0);
+      for (size_t e = 0; e < load.size(); ++e) {
+        load[e] = byPosition[static_cast<size_t>(placed->second[e])];
+        ranks[static_cast<size_t>(placed->second[e]) / perRank] += load[e];
+      }
     }
   }
   absl::StatusOr<std::vector<float>> losses = executor.losses();
@@ -459,6 +482,7 @@ absl::StatusOr<StepStats> Trainer::optimizerStep() {
   stats.step = ++steps;
   stats.loss = lastLoss;
   stats.expertLoad = lastLoad;
+  stats.epRankLoad = lastRankLoad;
   return stats;
 }
 

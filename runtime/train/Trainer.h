@@ -35,6 +35,9 @@ struct StepStats {
   /// Tokens routed to each expert, per MoE layer (forward of this step; of the global batch
   /// when the plan has several ranks).
   std::map<int, std::vector<int64_t>> expertLoad;
+  /// With experts split over ep: the expert copies each ep rank computed, per MoE layer (its
+  /// experts' load, as the plan's expert placement puts them).
+  std::map<int, std::vector<int64_t>> epRankLoad;
 };
 
 class Trainer {
@@ -138,6 +141,10 @@ private:
   int64_t steps = 0;
   float lastLoss = 0;
   std::map<int, std::vector<int64_t>> lastLoad;
+  /// Per MoE layer split over ep: the position of each expert among the ranks' experts
+  /// (rank = position / experts per rank): the route's placement, or the identity.
+  std::map<int, std::vector<int64_t>> expertPosition;
+  std::map<int, std::vector<int64_t>> lastRankLoad;
 };
 
 } // namespace moec::runtime

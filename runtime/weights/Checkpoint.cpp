@@ -308,17 +308,18 @@ absl::Status Checkpoint::readSlice(std::string_view name, const Slice &slice, DT
   return copyOut(*tensor, slice, want, dst, dstBytes);
 }
 
-absl::Status Checkpoint::readExperts(std::string_view pattern, int64_t firstExpert,
-                                     int64_t numExperts, const Slice &slice,
-                                     absl::Span<const int64_t> expertShape, DType want, void *dst,
-                                     size_t dstBytes) {
+absl::Status Checkpoint::readExperts(std::string_view pattern, absl::Span<const int64_t> experts,
+                                     const Slice &slice, absl::Span<const int64_t> expertShape, DType want,
+                                     void *dst, size_t dstBytes) {
   auto invalid = [&](auto... parts) {
     return absl::InvalidArgumentError(concat(rootPath, ": experts '", pattern, "': ", parts...));
   };
   if (pattern.find(kExpertPlaceholder) == std::string_view::npos)
     return invalid("the name has no ", kExpertPlaceholder);
-  if (firstExpert < 0 || numExperts < 0)
-    return invalid("bad expert range [", firstExpert, ", ", firstExpert, " + ", numExperts, ")");
+  int64_t numExperts = static_cast<int64_t>(experts.size());
+  for (int64_t expert : experts)
+    if (expert < 0)
+      return invalid("bad expert number ", expert);
   uint64_t perExpert = dtypeSize(want);
   bool overflow = false;
   for (int64_t extent : expertShape)
@@ -334,7 +335,7 @@ absl::Status Checkpoint::readExperts(std::string_view pattern, int64_t firstExpe
   std::vector<int64_t> firstShape;
   auto *out = static_cast<uint8_t *>(dst);
   for (int64_t i = 0; i < numExperts; ++i) {
-    int64_t expert = firstExpert + i;
+    int64_t expert = experts[static_cast<size_t>(i)];
     std::string name = expertName(pattern, expert);
     absl::StatusOr<TensorRef> tensor = lookup(name);
     if (!tensor.ok())

@@ -77,13 +77,12 @@ public:
   /// Copies `slice` of the tensor (row-major, size[0] x size[1] x ...) into `dst`.
   absl::Status readSlice(std::string_view name, const Slice &slice, DType want, void *dst,
                          size_t dstBytes);
-  /// Reads experts [firstExpert, firstExpert + numExperts) of `pattern` (a name
-  /// containing "{expert}") into consecutive slots of `dst`. Every expert
-  /// tensor must have the same shape; `slice` (possibly empty) is taken from
-  /// each, and what each expert contributes must have shape `expertShape`.
-  absl::Status readExperts(std::string_view pattern, int64_t firstExpert, int64_t numExperts,
-                           const Slice &slice, absl::Span<const int64_t> expertShape, DType want,
-                           void *dst, size_t dstBytes);
+  /// Reads `experts` of `pattern` (a name containing "{expert}"), in that order,
+  /// into consecutive slots of `dst`. Every expert tensor must have the same
+  /// shape; `slice` (possibly empty) is taken from each, and what each expert
+  /// contributes must have shape `expertShape`.
+  absl::Status readExperts(std::string_view pattern, absl::Span<const int64_t> experts, const Slice &slice,
+                           absl::Span<const int64_t> expertShape, DType want, void *dst, size_t dstBytes);
   /// The whole tensor as F32.
   absl::Status readAsF32(std::string_view name, std::vector<float> &out);
 

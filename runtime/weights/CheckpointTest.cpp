@@ -284,7 +284,7 @@ TEST_F(SyntheticTest, Slices) {
 TEST_F(SyntheticTest, StackedExperts) {
   std::vector<float> out(3 * 6);
   ASSERT_TRUE(checkpoint
-                  ->readExperts("layers.0.experts.{expert}.w", 1, 3, Slice{}, {2, 3}, DType::F32,
+                  ->readExperts("layers.0.experts.{expert}.w", std::vector<int64_t>{1, 2, 3}, Slice{}, {2, 3}, DType::F32,
                                 out.data(), out.size() * 4)
                   .ok());
   EXPECT_EQ(out, std::vector<float>(experts.begin() + 6, experts.end()));
@@ -292,7 +292,7 @@ TEST_F(SyntheticTest, StackedExperts) {
   // Column 1..3 of every expert, as BF16 (a tensor-parallel shard of each expert).
   std::vector<uint16_t> sliced(2 * 2 * 2);
   ASSERT_TRUE(checkpoint
-                  ->readExperts("layers.0.experts.{expert}.w", 2, 2, {{0, 1}, {2, 2}}, {2, 2},
+                  ->readExperts("layers.0.experts.{expert}.w", std::vector<int64_t>{2, 3}, {{0, 1}, {2, 2}}, {2, 2},
                                 DType::BF16, sliced.data(), sliced.size() * 2)
                   .ok());
   std::vector<uint16_t> expected;
@@ -302,20 +302,30 @@ TEST_F(SyntheticTest, StackedExperts) {
         expected.push_back(f32ToBf16(100.0f * e + row * 3 + col));
   EXPECT_EQ(sliced, expected);
 
-  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.{expert}.w", 3, 2, Slice{},
+  // An expert placement's order: any experts, in the order given.
+  std::vector<float> placed(2 * 6);
+  ASSERT_TRUE(checkpoint
+                  ->readExperts("layers.0.experts.{expert}.w", std::vector<int64_t>{3, 0}, Slice{}, {2, 3},
+                                DType::F32, placed.data(), placed.size() * 4)
+                  .ok());
+  std::vector<float> want(experts.begin() + 18, experts.begin() + 24);
+  want.insert(want.end(), experts.begin(), experts.begin() + 6);
+  EXPECT_EQ(placed, want);
+
+  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.{expert}.w", std::vector<int64_t>{3, 4}, Slice{},
                                                 {2, 3}, DType::F32, out.data(), 48)),
               AllOf(HasSubstr("no tensor 'layers.0.experts.4.w'"), HasSubstr("(expert 4)")));
-  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.1.experts.{expert}.w", 0, 2, Slice{},
+  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.1.experts.{expert}.w", std::vector<int64_t>{0, 1}, Slice{},
                                                 {2, 3}, DType::F32, out.data(), 48)),
               HasSubstr(path + ": tensor 'layers.1.experts.1.w' (expert 1) has shape [3, 2], "
                                "expected [2, 3]"));
-  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.{expert}.w", 0, 1, Slice{},
+  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.{expert}.w", std::vector<int64_t>{0}, Slice{},
                                                 {3, 2}, DType::F32, out.data(), 24)),
               HasSubstr("(expert 0) has shape [2, 3], expected [3, 2]"));
-  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.0.w", 0, 1, Slice{}, {2, 3},
+  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.0.w", std::vector<int64_t>{0}, Slice{}, {2, 3},
                                                 DType::F32, out.data(), 24)),
               HasSubstr("the name has no {expert}"));
-  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.{expert}.w", 0, 2, Slice{},
+  EXPECT_THAT(messageOf(checkpoint->readExperts("layers.0.experts.{expert}.w", std::vector<int64_t>{0, 1}, Slice{},
                                                 {2, 3}, DType::F32, out.data(), 24)),
               HasSubstr("the destination has 24 bytes, but 2 x [2, 3] as F32 needs 48"));
 }

@@ -17,6 +17,12 @@
 // RUN:   | FileCheck %s --check-prefix=LATENT
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
+// RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --mesh ep=2 \
+// RUN:   --expert-load %inputs/qwen3_moe_metrics.jsonl --emit=plan-text 2>&1 | FileCheck %s --check-prefix=LOAD
+// RUN: not moec compile %inputs/golden_qwen3_moe.json --expert-load %inputs/qwen3_moe_metrics.jsonl 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=LOADNOEP
+// RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=4 --expert-load %inputs/golden_qwen3_moe.json 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=LOADBAD
 
 // Four ranks, ep fastest: rank 1 is the second expert-parallel rank of the first
 // data-parallel pair. Each binds its half of the experts; the expert exchange runs over ep,
@@ -111,3 +117,19 @@
 // LATENT-DAG: the 128 heads of @mla_moe's latent attention split over tp = 8 (16 per rank): all_reduce x{{[0-9]+}}
 // LATENT-DAG: the intermediate features of @mla_moe's experts split over tp = 8: all_reduce x{{[0-9]+}}
 // LATENT-DAG: the 2048 intermediate features of @mla_moe's MLP split over tp = 8: all_reduce x{{[0-9]+}}
+
+// Experts placed by a measured load (moe-run's metrics.jsonl, two steps summed): layer 0's
+// tokens [50, 40, 5, 5, 5, 5, 5, 5] put 100 of 120 on rank 0 with consecutive experts (1.667x
+// the mean); busiest first, each to the least loaded rank with room, rank 0 holds experts
+// 0, 4, 6, 7 (65 tokens: 1.083x). Layer 1's even load alternates. Each rank binds its experts
+// in that order, and the route carries the table.
+// LOAD: moec: experts placed by the load in {{.*}}qwen3_moe_metrics.jsonl: 2 MoE layers; the busiest ep rank's tokens over the mean, worst layer: 1.667 with consecutive experts, 1.083 placed
+// LOAD: rank 0
+// LOAD: bind %{{[0-9]+}} "model.layers.0.mlp.experts.{expert}.gate_proj.weight" experts=0,4,6,7
+// LOAD: bind %{{[0-9]+}} "model.layers.1.mlp.experts.{expert}.gate_proj.weight" experts=0,2,4,6
+// LOAD: expert_route g0 {{.*}} placement=0,4,6,7,1,2,3,5
+// LOAD: expert_route g0 {{.*}} placement=0,2,4,6,1,3,5,7
+// LOAD: rank 1
+// LOAD: bind %{{[0-9]+}} "model.layers.0.mlp.experts.{expert}.gate_proj.weight" experts=1,2,3,5
+// LOADNOEP: moec: error: --expert-placement and --expert-load place experts over ep ranks: give --mesh with ep > 1
+// LOADBAD: moec: error: {{.*}}golden_qwen3_moe.json:1: not JSON

@@ -1,0 +1,44 @@
+//===- ExpertPlacement.h - which experts live on which ep rank -*- C++ -*-===//
+//
+// moec --expert-placement FILE gives each MoE layer's experts per ep rank;
+// moec --expert-load METRICS.jsonl computes one from the tokens per expert
+// that moe-run measured (its metrics.jsonl): the busiest experts first, each
+// to the rank with the fewest tokens so far that has room (every rank holds
+// E / ep experts). The placement becomes the model's `expert_placement`
+// attribute, which --moe-propagate-sharding checks and plan emission turns
+// into each route's table and each rank's expert weights.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef COMPILER_ANALYSIS_EXPERTPLACEMENT_H_
+#define COMPILER_ANALYSIS_EXPERTPLACEMENT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moec::analysis {
+
+/// Per layer index: the experts of ep rank 0, then rank 1's, ... (E entries).
+using ExpertPlacement = std::map<int64_t, std::vector<int64_t>>;
+
+/// Reads `{"layers": {"3": [[experts of rank 0], [rank 1], ...], ...}}`. Fails with a message
+/// naming the file and the field unless every layer lists `ranks` lists of equal length.
+bool readExpertPlacement(const std::string &path, int64_t ranks, ExpertPlacement &out, std::string &error);
+
+/// Tokens per expert per layer, summed over every line of moe-run's metrics.jsonl
+/// (`"expert_load": {"3": {"tokens": [...]}}`).
+bool readExpertLoad(const std::string &path, std::map<int64_t, std::vector<int64_t>> &out, std::string &error);
+
+/// The placement of `load.size()` experts over `ranks` ranks (E / ranks each) that balances
+/// their tokens: the busiest expert first, each to the least loaded rank with room.
+std::vector<int64_t> balancedPlacement(const std::vector<int64_t> &load, int64_t ranks);
+
+/// Tokens of the busiest rank over the mean (1 = balanced) for `placement` (empty:
+/// consecutive ranges).
+double rankImbalance(const std::vector<int64_t> &load, const std::vector<int64_t> &placement, int64_t ranks);
+
+} // namespace moec::analysis
+
+#endif // COMPILER_ANALYSIS_EXPERTPLACEMENT_H_

@@ -1,0 +1,93 @@
+//===- ExpertPlacementTest.cpp - placements read, measured, balanced ------===//
+
+#include "compiler/analysis/ExpertPlacement.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace moec::analysis {
+namespace {
+
+std::string writeTemp(const std::string &name, const std::string &text) {
+  const char *dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Two heavy experts and six light ones over two ranks: consecutive ranges put both heavy
+// experts on rank 0 (100 + 90 + 10 + 10 = 210 of 240 tokens: 1.75x the mean).
+const std::vector<int64_t> kLoad = {100, 90, 10, 10, 10, 10, 5, 5};
+
+TEST(ExpertPlacementTest, ConsecutiveRangesOfASkewedLoad) {
+  EXPECT_DOUBLE_EQ(rankImbalance(kLoad, {}, 2), 210.0 * 2 / 240);
+}
+
+TEST(ExpertPlacementTest, BalancedPlacementSplitsTheHeavyExperts) {
+  // By hand, busiest first to the least loaded rank with room (ties: the lower rank):
+  // 0 -> r0 (100), 1 -> r1 (90), 2 -> r1 (100), 3 -> r0 (110), 4 -> r1 (110), 5 -> r0 (120),
+  // 6 -> r1 (115, full), 7 -> r0 (125).
+  std::vector<int64_t> placement = balancedPlacement(kLoad, 2);
+  EXPECT_EQ(placement, (std::vector<int64_t>{0, 3, 5, 7, 1, 2, 4, 6}));
+  EXPECT_DOUBLE_EQ(rankImbalance(kLoad, placement, 2), 125.0 * 2 / 240);
+}
+
+TEST(ExpertPlacementTest, EveryRankHoldsItsShare) {
+  std::vector<int64_t> load(128);
+  for (size_t e = 0; e < load.size(); ++e)
+    load[e] = static_cast<int64_t>((e * 37) % 101) + (e < 4 ? 5000 : 0);
+  std::vector<int64_t> placement = balancedPlacement(load, 8);
+  ASSERT_EQ(placement.size(), 128u);
+  std::vector<int> seen(128, 0);
+  for (int64_t e : placement)
+    ++seen.at(static_cast<size_t>(e));
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 128);
+  EXPECT_LT(rankImbalance(load, placement, 8), rankImbalance(load, {}, 8));
+}
+
+TEST(ExpertPlacementTest, ReadsAPlacementFile) {
+  ExpertPlacement placement;
+  std::string error;
+  ASSERT_TRUE(readExpertPlacement(writeTemp("p.json", R"({"layers": {"1": [[3, 0], [1, 2]], "2": [[0, 1], [2, 3]]}})"),
+                                  2, placement, error))
+      << error;
+  EXPECT_EQ(placement.at(1), (std::vector<int64_t>{3, 0, 1, 2}));
+  EXPECT_EQ(placement.at(2), (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+TEST(ExpertPlacementTest, PlacementFileErrorsNameTheField) {
+  ExpertPlacement placement;
+  std::string error;
+  std::string path = writeTemp("bad.json", R"({"layers": {"1": [[3, 0], [1]]}})");
+  EXPECT_FALSE(readExpertPlacement(path, 2, placement, error));
+  EXPECT_EQ(error, path + ": field 'layers.1': every ep rank must list the same number of experts");
+  path = writeTemp("ranks.json", R"({"layers": {"1": [[3, 0, 1, 2]]}})");
+  EXPECT_FALSE(readExpertPlacement(path, 2, placement, error));
+  EXPECT_EQ(error, path + ": field 'layers.1': expected 2 lists of experts (one per ep rank)");
+  path = writeTemp("key.json", R"({"layers": {"mlp": [[0], [1]]}})");
+  EXPECT_FALSE(readExpertPlacement(path, 2, placement, error));
+  EXPECT_EQ(error, path + ": field 'layers.mlp': expected a layer index as the key");
+  EXPECT_FALSE(readExpertPlacement(writeTemp("none.json", "[]"), 2, placement, error));
+  EXPECT_NE(error.find("expected {\"layers\""), std::string::npos) << error;
+}
+
+TEST(ExpertPlacementTest, SumsTheLoadOfEveryMetricsLine) {
+  std::map<int64_t, std::vector<int64_t>> load;
+  std::string error;
+  std::string path = writeTemp("metrics.jsonl",
+                               R"({"step":1,"loss":2.0,"expert_load":{"1":{"tokens":[3,1],"imbalance":1.5}}})"
+                               "\n"
+                               R"({"step":2,"loss":1.9,"expert_load":{"1":{"tokens":[2,4],"imbalance":1.3}}})"
+                               "\n");
+  ASSERT_TRUE(readExpertLoad(path, load, error)) << error;
+  EXPECT_EQ(load.at(1), (std::vector<int64_t>{5, 5}));
+  load.clear();
+  path = writeTemp("notmetrics.jsonl", "{\"step\":1}\n");
+  EXPECT_FALSE(readExpertLoad(path, load, error));
+  EXPECT_EQ(error, path + ":1: no 'expert_load' (expected moe-run's metrics.jsonl)");
+}
+
+} // namespace
+} // namespace moec::analysis
