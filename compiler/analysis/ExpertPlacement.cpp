@@ -129,21 +129,41 @@ bool readExpertLoad(const std::string &path, std::map<int64_t, std::vector<int64
   return true;
 }
 
-std::vector<int64_t> balancedPlacement(const std::vector<int64_t> &load, int64_t ranks) {
-  int64_t experts = static_cast<int64_t>(load.size()), room = experts / ranks;
-  std::vector<int64_t> order(load.size());
-  std::iota(order.begin(), order.end(), 0);
-  // Busiest first; equal loads keep expert order, so the result is deterministic.
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return load[a] > load[b]; });
+std::vector<int64_t> balancedPlacement(const std::vector<int64_t> &load, int64_t ranks, int64_t perRank) {
+  int64_t experts = static_cast<int64_t>(load.size());
+  if (perRank * ranks < experts)
+    return {};
+  // Copies per expert: one each, then each spare slot to the expert with the most tokens per
+  // copy (at most one copy per rank).
+  std::vector<int64_t> copies(load.size(), 1);
+  for (int64_t spare = perRank * ranks - experts; spare > 0; --spare) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < experts; ++e)
+      if (copies[e] < ranks &&
+          (best < 0 || static_cast<double>(load[e]) / copies[e] > static_cast<double>(load[best]) / copies[best]))
+        best = e;
+    if (best < 0)
+      return {};
+    ++copies[best];
+  }
+  // Every copy with its share of the expert's tokens, busiest first (ties: expert order).
+  std::vector<std::pair<double, int64_t>> items;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t c = 0; c < copies[e]; ++c)
+      items.push_back({static_cast<double>(load[e]) / copies[e], e});
+  std::stable_sort(items.begin(), items.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
   std::vector<std::vector<int64_t>> held(static_cast<size_t>(ranks));
-  std::vector<int64_t> tokens(static_cast<size_t>(ranks), 0);
-  for (int64_t e : order) {
+  std::vector<double> tokens(static_cast<size_t>(ranks), 0);
+  for (const auto &[share, e] : items) {
     int64_t best = -1;
     for (int64_t r = 0; r < ranks; ++r)
-      if (static_cast<int64_t>(held[r].size()) < room && (best < 0 || tokens[r] < tokens[best]))
+      if (static_cast<int64_t>(held[r].size()) < perRank &&
+          std::find(held[r].begin(), held[r].end(), e) == held[r].end() && (best < 0 || tokens[r] < tokens[best]))
         best = r;
+    if (best < 0)
+      return {};
     held[best].push_back(e);
-    tokens[best] += load[e];
+    tokens[best] += share;
   }
   std::vector<int64_t> placement;
   for (std::vector<int64_t> &experts : held) {
@@ -154,15 +174,26 @@ std::vector<int64_t> balancedPlacement(const std::vector<int64_t> &load, int64_t
 }
 
 double rankImbalance(const std::vector<int64_t> &load, const std::vector<int64_t> &placement, int64_t ranks) {
-  int64_t room = static_cast<int64_t>(load.size()) / ranks, total = 0, busiest = 0;
-  std::vector<int64_t> tokens(static_cast<size_t>(ranks), 0);
-  for (size_t at = 0; at < load.size(); ++at)
-    tokens[at / room] += load[placement.empty() ? at : placement[at]];
-  for (int64_t t : tokens) {
+  std::vector<int64_t> positions = placement;
+  if (positions.empty()) { // consecutive ranges
+    positions.resize(load.size());
+    std::iota(positions.begin(), positions.end(), 0);
+  }
+  std::vector<int64_t> copies(load.size(), 0);
+  for (int64_t e : positions)
+    ++copies[static_cast<size_t>(e)];
+  size_t perRank = positions.size() / static_cast<size_t>(ranks);
+  std::vector<double> tokens(static_cast<size_t>(ranks), 0);
+  double total = 0, busiest = 0;
+  for (size_t at = 0; at < positions.size(); ++at) {
+    size_t e = static_cast<size_t>(positions[at]);
+    tokens[at / perRank] += static_cast<double>(load[e]) / copies[e];
+  }
+  for (double t : tokens) {
     total += t;
     busiest = std::max(busiest, t);
   }
-  return total ? static_cast<double>(busiest) * ranks / total : 1.0;
+  return total > 0 ? busiest * ranks / total : 1.0;
 }
 
 } // namespace moec::analysis

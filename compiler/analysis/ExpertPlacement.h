@@ -4,7 +4,7 @@
 // moec --expert-load METRICS.jsonl computes one from the tokens per expert
 // that moe-run measured (its metrics.jsonl): the busiest experts first, each
 // to the rank with the fewest tokens so far that has room (every rank holds
-// E / ep experts). The placement becomes the model's `expert_placement`
+// E / ep experts, or more with --replicate-experts: copies of the busiest). The placement becomes the model's `expert_placement`
 // attribute, which --moe-propagate-sharding checks and plan emission turns
 // into each route's table and each rank's expert weights.
 //
@@ -31,12 +31,15 @@ bool readExpertPlacement(const std::string &path, int64_t ranks, ExpertPlacement
 /// (`"expert_load": {"3": {"tokens": [...]}}`).
 bool readExpertLoad(const std::string &path, std::map<int64_t, std::vector<int64_t>> &out, std::string &error);
 
-/// The placement of `load.size()` experts over `ranks` ranks (E / ranks each) that balances
-/// their tokens: the busiest expert first, each to the least loaded rank with room.
-std::vector<int64_t> balancedPlacement(const std::vector<int64_t> &load, int64_t ranks);
+/// The placement of `load.size()` experts over `ranks` ranks that balances their tokens, with
+/// `perRank` experts on each (E / ranks, or more: the spare slots replicate the experts with
+/// the most tokens per copy, one more copy at a time, and a replicated expert's tokens split
+/// evenly over its copies). The busiest copy first, each to the least loaded rank with room
+/// that does not hold its expert yet. Empty if the copies cannot be spread that way.
+std::vector<int64_t> balancedPlacement(const std::vector<int64_t> &load, int64_t ranks, int64_t perRank);
 
 /// Tokens of the busiest rank over the mean (1 = balanced) for `placement` (empty:
-/// consecutive ranges).
+/// consecutive ranges; a replicated expert's tokens split evenly over its copies).
 double rankImbalance(const std::vector<int64_t> &load, const std::vector<int64_t> &placement, int64_t ranks);
 
 } // namespace moec::analysis

@@ -29,16 +29,31 @@ TEST(ExpertPlacementTest, BalancedPlacementSplitsTheHeavyExperts) {
   // By hand, busiest first to the least loaded rank with room (ties: the lower rank):
   // 0 -> r0 (100), 1 -> r1 (90), 2 -> r1 (100), 3 -> r0 (110), 4 -> r1 (110), 5 -> r0 (120),
   // 6 -> r1 (115, full), 7 -> r0 (125).
-  std::vector<int64_t> placement = balancedPlacement(kLoad, 2);
+  std::vector<int64_t> placement = balancedPlacement(kLoad, 2, 4);
   EXPECT_EQ(placement, (std::vector<int64_t>{0, 3, 5, 7, 1, 2, 4, 6}));
   EXPECT_DOUBLE_EQ(rankImbalance(kLoad, placement, 2), 125.0 * 2 / 240);
+}
+
+TEST(ExpertPlacementTest, SpareSlotsReplicateTheBusiestExperts) {
+  // Five slots per rank for eight experts: two copies. By hand: copies go to the most tokens per
+  // copy, 0 (100 -> 50 a copy), then 1 (90 -> 45). Copies busiest first: 0 (50) -> r0, 0 -> r1
+  // (not r0: it holds 0), 1 (45) -> r0 (50 vs 50: the lower), 1 -> r1, then 2..5 (10 each)
+  // alternate r0, r1 (95 both), r0, r1, then 6, 7 (5 each) fill r0 (110), r1 (110).
+  std::vector<int64_t> placement = balancedPlacement(kLoad, 2, 5);
+  EXPECT_EQ(placement, (std::vector<int64_t>{0, 1, 2, 4, 6, 0, 1, 3, 5, 7}));
+  EXPECT_DOUBLE_EQ(rankImbalance(kLoad, placement, 2), 1.0);
+  // One expert holding most tokens: without replicas the best is one rank with it alone.
+  std::vector<int64_t> hot = {600, 10, 10, 10, 10, 10, 10, 10};
+  EXPECT_DOUBLE_EQ(rankImbalance(hot, balancedPlacement(hot, 2, 4), 2), 630.0 * 2 / 670);
+  EXPECT_DOUBLE_EQ(rankImbalance(hot, balancedPlacement(hot, 2, 5), 2), 335.0 * 2 / 670);
+  EXPECT_TRUE(balancedPlacement(hot, 2, 3).empty()); // six slots for eight experts
 }
 
 TEST(ExpertPlacementTest, EveryRankHoldsItsShare) {
   std::vector<int64_t> load(128);
   for (size_t e = 0; e < load.size(); ++e)
     load[e] = static_cast<int64_t>((e * 37) % 101) + (e < 4 ? 5000 : 0);
-  std::vector<int64_t> placement = balancedPlacement(load, 8);
+  std::vector<int64_t> placement = balancedPlacement(load, 8, 16);
   ASSERT_EQ(placement.size(), 128u);
   std::vector<int> seen(128, 0);
   for (int64_t e : placement)

@@ -61,11 +61,13 @@ bool refuse(const Twine &message) {
 /// --moe-propagate-sharding). From a measured load, says how much the busiest ep rank's share
 /// of the tokens drops.
 bool placeExperts(moec::moe::ModelOp model, int64_t ep, const std::string &placementPath,
-                  const std::string &loadPath) {
+                  const std::string &loadPath, int64_t spare) {
   if (!placementPath.empty() && !loadPath.empty())
     return refuse("--expert-placement and --expert-load both place the experts: give one");
   if (ep < 2)
     return refuse("--expert-placement and --expert-load place experts over ep ranks: give --mesh with ep > 1");
+  if (spare < 0 || (spare > 0 && loadPath.empty()))
+    return refuse("--replicate-experts N (N >= 0 spare experts per rank) goes with --expert-load");
   moec::analysis::ExpertPlacement placement;
   std::string error;
   if (!placementPath.empty() && !moec::analysis::readExpertPlacement(placementPath, ep, placement, error))
@@ -79,13 +81,20 @@ bool placeExperts(moec::moe::ModelOp model, int64_t ep, const std::string &place
       if (tokens.size() % static_cast<size_t>(ep) != 0)
         return refuse(loadPath + ": layer " + std::to_string(layer) + " has " + std::to_string(tokens.size()) +
                     " experts, which do not split over ep = " + std::to_string(ep));
-      placement[layer] = moec::analysis::balancedPlacement(tokens, ep);
+      int64_t perRank = static_cast<int64_t>(tokens.size()) / ep + spare;
+      placement[layer] = moec::analysis::balancedPlacement(tokens, ep, perRank);
+      if (placement[layer].empty())
+        return refuse(loadPath + ": layer " + std::to_string(layer) + ": cannot spread copies of its " +
+                      std::to_string(tokens.size()) + " experts over " + std::to_string(ep) + " ranks of " +
+                      std::to_string(perRank) + " (at most one copy of an expert per rank)");
       worstBefore = std::max(worstBefore, moec::analysis::rankImbalance(tokens, {}, ep));
       worstAfter = std::max(worstAfter, moec::analysis::rankImbalance(tokens, placement[layer], ep));
     }
-    errs() << formatv("moec: experts placed by the load in {0}: {1} MoE layers; the busiest ep rank's tokens over "
-                      "the mean, worst layer: {2:F3} with consecutive experts, {3:F3} placed\n",
-                      loadPath, load.size(), worstBefore, worstAfter);
+    errs() << formatv("moec: experts placed by the load in {0}: {1} MoE layers{4}; the busiest ep rank's tokens "
+                      "over the mean, worst layer: {2:F3} with consecutive experts, {3:F3} placed\n",
+                      loadPath, load.size(), worstBefore, worstAfter,
+                      spare ? formatv(", {0} spare experts per rank for copies of the busiest", spare).str()
+                            : std::string());
   }
   mlir::Builder b(model.getContext());
   SmallVector<mlir::NamedAttribute> entries;
@@ -239,6 +248,11 @@ int runCompile(int argc, char **argv) {
       "expert-load", cl::value_desc("METRICS.jsonl"),
       cl::desc("With ep > 1: place the experts so that each ep rank gets about the same tokens, from the "
                "tokens per expert a moe-run measured (its metrics.jsonl)"));
+  cl::opt<int64_t> replicateExperts(
+      "replicate-experts", cl::value_desc("N"),
+      cl::desc("With --expert-load: N more experts on each ep rank than its share, filled with copies of the "
+               "experts with the most tokens (a replicated expert's tokens split over its copies)"),
+      cl::init(0));
   cl::opt<cl::boolOrDefault> fusedExpertBackward(
       "fused-expert-backward",
       cl::desc("One backward for each expert MLP and the combine of its outputs, which forms the router "
@@ -293,8 +307,8 @@ int runCompile(int argc, char **argv) {
   if (!model)
     return fail(inputPath + ": no moe.model in the module");
 
-  if (!expertPlacement.empty() || !expertLoad.empty())
-    if (!placeExperts(model, mesh.ep, expertPlacement, expertLoad))
+  if (!expertPlacement.empty() || !expertLoad.empty() || replicateExperts.getNumOccurrences())
+    if (!placeExperts(model, mesh.ep, expertPlacement, expertLoad, replicateExperts))
       return 1;
 
   moec::pipelines::LoRATrainingOptions options;

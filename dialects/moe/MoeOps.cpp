@@ -57,6 +57,10 @@ RankedTensorType ParamOp::getLocalType() {
       return {};
     shape[d] /= parts;
   }
+  // Replicated experts: every ep rank holds more than its share.
+  if (auto rows = (*this)->getAttrOfType<IntegerAttr>(kEpRowsAttr);
+      rows && !shape.empty() && sharding.getDims()[0].getValue() == "ep")
+    shape[0] = rows.getInt();
   return RankedTensorType::get(shape, type.getElementType());
 }
 

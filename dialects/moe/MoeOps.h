@@ -34,6 +34,10 @@ constexpr llvm::StringLiteral kPipelineBackwardAttr = "moe.pipeline_backward";
 /// parameter read inside a tensor-parallel region: each tp rank computes only its heads'
 /// share of its gradient, so the gradient sum runs over tp too.
 constexpr llvm::StringLiteral kTpPartialGradAttr = "moe.tp_partial_grad";
+/// The discardable attribute --moe-propagate-sharding puts on an expert parameter split over
+/// ep when an expert placement replicates experts: each rank holds this many experts (more
+/// than E / ep), its leading dimension in getLocalType().
+constexpr llvm::StringLiteral kEpRowsAttr = "moe.ep_rows";
 } // namespace moec::moe
 
 #include "dialects/moe/MoeInterfaces.h.inc"

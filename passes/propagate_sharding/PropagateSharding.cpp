@@ -103,9 +103,11 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       if (experts % ranks != 0)
         return mlp.emitOpError("has ") << experts << " experts, which do not split over ep = " << ranks;
       auto layer = mlp->getParentOfType<moe::LayerOp>();
-      FailureOr<bool> placed = checkPlacement(placement, mlp, layer, experts, placedLayers);
-      if (failed(placed))
+      FailureOr<int64_t> placedRows = checkPlacement(placement, mlp, layer, experts, ranks, placedLayers);
+      if (failed(placedRows))
         return failure();
+      bool placed = *placedRows > 0;
+      int64_t perRank = placed ? *placedRows : experts / ranks; // experts on each rank
       // Every parameter operand after tokens and counts stacks the experts in dim 0 (expert
       // adapters too: each rank trains its experts' adapters).
       for (Value operand : mlp->getOperands().drop_front(2)) {
@@ -116,6 +118,8 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
         SmallVector<StringAttr> dims(param.getTensorType().getRank(), b.getStringAttr(""));
         dims[0] = axis;
         param.setShardingAttr(moe::ShardingAttr::get(b.getContext(), dims));
+        if (perRank != experts / ranks) // replicated experts: more than a rank's share each
+          param->setAttr(moe::kEpRowsAttr, b.getI64IntegerAttr(perRank));
         weight.getResult().setType(param.getLocalType());
       }
       auto dispatch = mlp.getTokens().getDefiningOp<moe::DispatchOp>();
@@ -133,8 +137,10 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       // location says which sharding they come from (--emit=report lists it).
       Location because = NameLoc::get(
           b.getStringAttr(llvm::formatv("the {0} experts of @{1} split over ep = {2} ({3} per rank{4})", experts,
-                                        layer ? layer.getSymName() : "model", ranks, experts / ranks,
-                                        *placed ? ", as expert_placement places them" : "")
+                                        layer ? layer.getSymName() : "model", ranks, perRank,
+                                        !placed                     ? ""
+                                        : perRank * ranks > experts ? ", as expert_placement places and replicates them"
+                                                                    : ", as expert_placement places them")
                               .str()),
           dispatch.getLoc());
       b.setInsertionPoint(dispatch);
@@ -143,10 +149,10 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                                 indices.getElementType());
       auto layoutType = RankedTensorType::get({2, 2 * ranks}, b.getI64Type());
       // A placement needs the routed exchange: the route renumbers experts on the host.
-      if (*placed && epExchange == "all")
+      if (placed && epExchange == "all")
         return mlp.emitOpError("has an expert placement, which needs ep-exchange routed or auto (every token to "
                                "every rank renumbers the experts as consecutive ranges)");
-      bool allTokens = epExchange == "all" || (epExchange == "auto" && !*placed &&
+      bool allTokens = epExchange == "all" || (epExchange == "auto" && !placed &&
                                                analysis::allTokensPays(experts, indices.getDimSize(1), ranks));
       auto route = b.create<moe::EpRouteOp>(because, TypeRange{localIndices, layoutType},
                                             dispatch.getIndices(), axis, ranksAttr,
@@ -159,9 +165,9 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                            route.getLayout(), axis, ranksAttr);
       dispatch.getInputMutable().assign(sendX.getResult());
       dispatch.getIndicesMutable().assign(route.getLocalIndices());
-      dispatch.setNumExperts(experts / ranks);
+      dispatch.setNumExperts(perRank);
       dispatch.getCounts().setType(RankedTensorType::get(
-          {experts / ranks}, cast<RankedTensorType>(dispatch.getCounts().getType()).getElementType()));
+          {perRank}, cast<RankedTensorType>(dispatch.getCounts().getType()).getElementType()));
       b.setInsertionPoint(combine);
       auto sendW = b.create<moe::EpSendOp>(because, rows(combine.getWeights()), combine.getWeights(),
                                            route.getLayout(), axis, ranksAttr);
@@ -186,13 +192,15 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
   }
 
   /// The expert placement of `mlp`'s layers, if any: each layer the template instantiates has
-  /// one (an array<i64> of the E experts, each ep rank's E / ep in turn: a permutation) or
-  /// none does. Experts with adapters keep consecutive ranges (PEFT writes each rank's
-  /// window of the stacked adapters). Returns whether the layers are placed.
-  FailureOr<bool> checkPlacement(DictionaryAttr placement, moe::ExpertMLPOp mlp, moe::LayerOp layer,
-                                 int64_t experts, llvm::StringSet<> &placedLayers) {
+  /// one (an array<i64> of every ep rank's experts in turn, as many per rank; every expert at
+  /// least once, none twice on a rank: more than E / ep per rank replicates experts) or none
+  /// does, all with as many experts per rank (the layers share one program). Experts with
+  /// adapters keep consecutive ranges (PEFT writes each rank's window of the stacked
+  /// adapters). Returns the experts per rank, 0 without a placement.
+  FailureOr<int64_t> checkPlacement(DictionaryAttr placement, moe::ExpertMLPOp mlp, moe::LayerOp layer,
+                                    int64_t experts, int64_t ranks, llvm::StringSet<> &placedLayers) {
     if (!placement)
-      return false;
+      return int64_t{0};
     // The layer indices that apply this template.
     SmallVector<int64_t> indices;
     if (layer)
@@ -201,6 +209,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
           indices.push_back(apply.getIndexAttr().getInt());
       });
     int found = 0;
+    int64_t rows = 0;
     for (int64_t index : indices) {
       std::string key = std::to_string(index);
       Attribute entry = placement.get(key);
@@ -209,19 +218,34 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       ++found;
       placedLayers.insert(key);
       auto table = dyn_cast<DenseI64ArrayAttr>(entry);
-      if (!table || table.size() != experts)
+      if (!table || table.size() < experts || table.size() % ranks != 0)
         return mlp.emitOpError("expert_placement of layer ")
-               << index << " must list its " << experts << " experts (array<i64>), got " << entry;
+               << index << " must list the experts of each of the " << ranks
+               << " ep ranks, as many each and every one of its " << experts << " experts at least once (array<i64>), got "
+               << entry;
+      int64_t perRank = table.size() / ranks;
+      if (rows && rows != perRank)
+        return mlp.emitOpError("expert_placement gives the layers of @")
+               << layer.getSymName() << " " << rows << " and " << perRank
+               << " experts per rank; they share one program: give them as many";
+      rows = perRank;
       llvm::SmallBitVector seen(experts);
-      for (int64_t e : table.asArrayRef()) {
-        if (e < 0 || e >= experts || seen.test(e))
-          return mlp.emitOpError("expert_placement of layer ")
-                 << index << " must list each of experts 0.." << experts - 1 << " once, got " << entry;
-        seen.set(e);
+      for (int64_t r = 0; r < ranks; ++r) {
+        llvm::SmallBitVector onRank(experts);
+        for (int64_t e : table.asArrayRef().slice(r * perRank, perRank)) {
+          if (e < 0 || e >= experts || onRank.test(e))
+            return mlp.emitOpError("expert_placement of layer ")
+                   << index << " must list experts 0.." << experts - 1 << ", none twice on one rank, got " << entry;
+          onRank.set(e);
+          seen.set(e);
+        }
       }
+      if (!seen.all())
+        return mlp.emitOpError("expert_placement of layer ")
+               << index << " leaves expert " << seen.find_first_unset() << " on no rank, got " << entry;
     }
     if (found == 0)
-      return false;
+      return int64_t{0};
     if (found != static_cast<int>(indices.size()))
       return mlp.emitOpError("expert_placement places ")
              << found << " of the " << indices.size() << " layers of @" << layer.getSymName()
@@ -234,7 +258,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                  << param.getSymName()
                  << "): an expert placement is not supported with expert LoRA yet (PEFT writes each rank's "
                     "consecutive window of the stacked adapters)";
-    return true;
+    return rows;
   }
 };
 

@@ -19,9 +19,11 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     `E / ep` each: consecutive, or as the model's `expert_placement`
     attribute lists them (layer index to an array of the E experts, each
     rank's in turn; moec --expert-placement / --expert-load sets it). A
-    placement must list every expert once, cover every layer of a layer
-    template or none, use the routed exchange, and is refused for experts
-    with adapters. Every parameter an `moe.expert_mlp`
+    placement lists every expert on some rank and none twice on one, as
+    many per rank (more than E / ep replicates experts: their params get
+    `moe.ep_rows`, the local dispatch counts that many), covers every layer
+    of a layer template or none, uses the routed exchange, and is refused
+    for experts with adapters. Every parameter an `moe.expert_mlp`
     reads (weights, biases, expert adapters: each rank trains its experts'
     adapters) gets `sharding
     #moe.sharding<[ep, ...]>` and its `moe.weight` the type of one rank's

@@ -54,7 +54,6 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
   TensorRef layout = buffer(collective.outputs(1));
   int n = comm.size();
   int64_t tokens = indices.dim(0), k = indices.dim(1), experts = collective.num_experts();
-  int64_t perRank = experts / n;
   size_t element = comm::elementBytes(indices.dtype);
   std::vector<int64_t> chosen(static_cast<size_t>(tokens * k));
   {
@@ -71,20 +70,31 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
   // host between two waits for the device, once per MoE layer.
   ExpertRoute route;
   const int64_t *e = chosen.data();
-  // Each expert's rank and its number there: consecutive ranges, or the plan's placement.
-  std::vector<int32_t> owner(static_cast<size_t>(experts));
-  std::vector<int64_t> slot(static_cast<size_t>(experts));
-  for (int64_t at = 0; at < experts; ++at) {
+  // Each expert's ranks and its number on each: consecutive ranges, or the plan's placement
+  // (which may hold an expert on several ranks: a replicated expert).
+  int64_t perRank = collective.placement_size() ? collective.placement_size() / n : experts / n;
+  std::vector<std::vector<std::pair<int32_t, int64_t>>> replicas(static_cast<size_t>(experts));
+  for (int64_t at = 0; at < perRank * n; ++at) {
     int64_t expert = collective.placement_size() ? collective.placement(static_cast<int>(at)) : at;
-    owner[expert] = static_cast<int32_t>(at / perRank);
-    slot[expert] = at % perRank;
+    replicas[expert].push_back({static_cast<int32_t>(at / perRank), at % perRank});
   }
+  // Each copy's rank and expert number there: a replica on this rank if there is one (no
+  // message), else the token's turn among them (tokens spread evenly over the replicas).
+  std::vector<int32_t> copyRank(chosen.size());
+  std::vector<int64_t> copySlot(chosen.size());
   std::vector<uint8_t> goes(static_cast<size_t>(tokens * n), 0);
   for (int64_t c = 0; c < tokens * k; ++c) {
     if (e[c] < 0 || e[c] >= experts)
       return absl::InvalidArgumentError(
           absl::StrCat("token ", c / k, " chose expert ", e[c], ", outside [0, ", experts, ")"));
-    goes[(c / k) * n + owner[e[c]]] = 1;
+    const std::vector<std::pair<int32_t, int64_t>> &on = replicas[e[c]];
+    const std::pair<int32_t, int64_t> *pick = &on[static_cast<size_t>((c / k) % static_cast<int64_t>(on.size()))];
+    for (const auto &replica : on)
+      if (replica.first == comm.rank())
+        pick = &replica;
+    copyRank[c] = pick->first;
+    copySlot[c] = pick->second;
+    goes[(c / k) * n + pick->first] = 1;
   }
   route.sent.assign(static_cast<size_t>(n), 0);
   for (int64_t t = 0; t < tokens; ++t)
@@ -104,9 +114,8 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
       route.rowOf[t * n + r] = p;
       route.tokensSent[p] = t;
       for (int64_t j = 0; j < k; ++j) {
-        int64_t x = e[t * k + j];
-        bool here = owner[x] == r;
-        local[p * k + j] = here ? slot[x] : -1;
+        bool here = copyRank[t * k + j] == r;
+        local[p * k + j] = here ? copySlot[t * k + j] : -1;
         copies += here;
       }
       ++p;

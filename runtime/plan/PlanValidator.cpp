@@ -699,17 +699,23 @@ private:
       say(absl::StrCat("num_experts is ", collective.num_experts(), ", expected a positive multiple of the group size (",
                        n, ")"));
     if (collective.placement_size() > 0) {
-      std::vector<bool> seen(static_cast<size_t>(std::max<int64_t>(collective.num_experts(), 0)), false);
-      bool permutation = route && !collective.all_tokens() && collective.placement_size() == collective.num_experts();
-      for (int64_t e : collective.placement()) {
-        permutation &= e >= 0 && e < collective.num_experts() && !seen[static_cast<size_t>(e)];
-        if (permutation)
-          seen[static_cast<size_t>(e)] = true;
+      // Every rank's experts in turn, as many each; every expert at least once (more than E / n
+      // per rank replicates experts), none twice on one rank.
+      int64_t experts = std::max<int64_t>(collective.num_experts(), 0), size = collective.placement_size();
+      bool valid = route && !collective.all_tokens() && size >= experts && size % n == 0;
+      std::vector<int> seen(static_cast<size_t>(experts), 0);
+      for (int64_t at = 0; valid && at < size; ++at) {
+        int64_t e = collective.placement(static_cast<int>(at));
+        valid = e >= 0 && e < experts;
+        for (int64_t before = at - at % (size / n); valid && before < at; ++before)
+          valid = collective.placement(static_cast<int>(before)) != e;
+        if (valid)
+          ++seen[static_cast<size_t>(e)];
       }
-      if (!permutation)
-        say(absl::StrCat("placement has ", collective.placement_size(),
-                         " entries, expected a permutation of the ", collective.num_experts(),
-                         " experts on a route that does not send every token to every rank"));
+      if (!valid || std::count(seen.begin(), seen.end(), 0) > 0)
+        say(absl::StrCat("placement has ", size, " entries, expected each of the ", n,
+                         " ranks' experts in turn (as many each, none twice on a rank) covering the ", experts,
+                         " experts, on a route that does not send every token to every rank"));
     }
     const Buffer *layout = route ? out[1] : in[1];
     if (layout->dtype() != I64 || dims(layout) != std::vector<int64_t>{2, 2 * n})

@@ -351,19 +351,27 @@ TEST_F(PlanValidatorTest, RejectsAnExpertRouteWhoseExpertsDoNotSplitOverTheGroup
                                          "size (2)"));
 }
 
-TEST_F(PlanValidatorTest, AcceptsAnExpertPlacementAndRejectsOneThatIsNotAPermutation) {
+TEST_F(PlanValidatorTest, AcceptsAnExpertPlacementAndRejectsOneThatMissesAnExpert) {
   makeExpertRoute(plan, {12, 2});
   Collective *route = rank0().mutable_steps(4)->mutable_collective();
   for (int64_t e : {3, 0, 2, 1})
     route->add_placement(e);
   EXPECT_EQ(messageOf(plan), "OK");
+  const char *expected = "expert_route: placement has 4 entries, expected each of the 2 ranks' experts in turn (as "
+                         "many each, none twice on a rank) covering the 4 experts, on a route that does not send "
+                         "every token to every rank";
   route->set_placement(2, 3); // expert 3 twice, 2 nowhere
-  EXPECT_THAT(messageOf(plan), HasSubstr("expert_route: placement has 4 entries, expected a permutation of the 4 "
-                                         "experts on a route that does not send every token to every rank"));
+  EXPECT_THAT(messageOf(plan), HasSubstr(expected));
   route->set_placement(2, 2);
+  route->set_placement(1, 3); // expert 3 twice on rank 0
+  EXPECT_THAT(messageOf(plan), HasSubstr(expected));
+  route->set_placement(1, 0);
   route->set_all_tokens(true);
-  EXPECT_THAT(messageOf(plan), HasSubstr("expected a permutation of the 4 experts on a route that does not send "
-                                         "every token to every rank"));
+  EXPECT_THAT(messageOf(plan), HasSubstr("experts in turn"));
+  route->set_all_tokens(false);
+  for (int64_t e : {0, 3}) // three experts per rank, [3, 0, 2] and [1, 0, 3]: 0 and 3 on both
+    route->add_placement(e);
+  EXPECT_EQ(messageOf(plan), "OK");
 }
 
 TEST_F(PlanValidatorTest, RejectsPlacedExpertsThatDoNotMatchTheBuffersRows) {

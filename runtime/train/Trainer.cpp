@@ -3,6 +3,7 @@
 #include "runtime/train/Trainer.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -91,12 +92,15 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   loadDispatches = dispatches;
   for (const plan::Step &step : rank.steps())
     if (step.has_collective() && step.collective().kind() == plan::Collective::EXPERT_ROUTE &&
-        step.phase() == plan::FORWARD && !expertPosition.count(step.layer())) {
-      std::vector<int64_t> &position = expertPosition[step.layer()];
-      position.resize(static_cast<size_t>(step.collective().num_experts()));
-      for (size_t p = 0; p < position.size(); ++p)
-        position[step.collective().placement_size() ? step.collective().placement(static_cast<int>(p)) : p] =
-            static_cast<int64_t>(p);
+        step.phase() == plan::FORWARD && !placedExperts.count(step.layer())) {
+      const plan::Collective &route = step.collective();
+      std::vector<int64_t> &experts = placedExperts[step.layer()];
+      experts.assign(route.placement().begin(), route.placement().end());
+      if (experts.empty()) { // consecutive ranges
+        experts.resize(static_cast<size_t>(route.num_experts()));
+        std::iota(experts.begin(), experts.end(), 0);
+      }
+      expertCount[step.layer()] = route.num_experts();
     }
   std::map<int, size_t> seen; // forward dispatches of a layer so far: its micro-batch
   for (int s = 0; s < rank.steps_size(); ++s) {
@@ -393,18 +397,20 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
       for (size_t m = 0; m < loadDispatches[layer]; ++m)
         for (size_t e = 0; e < slot.second; ++e)
           load[e] += all[slot.first + m * slot.second + e];
-      // Split over ep, each rank counted its own experts, in its place: back to expert order.
-      auto placed = expertPosition.find(layer);
-      if (placed == expertPosition.end() || placed->second.size() != load.size())
+      // Split over ep, each rank counted its own experts, in its place: back to expert order
+      // (a replicated expert's copies summed), and each rank's share.
+      auto placed = placedExperts.find(layer);
+      if (placed == placedExperts.end() || placed->second.size() != load.size())
         continue;
-      std::vector<int64_t> byPosition = load;
+      std::vector<int64_t> byPosition = std::move(load);
       int ep = std::max(1, executor.planProto().mesh().ep());
-      size_t perRank = load.size() / static_cast<size_t>(ep);
+      size_t perRank = byPosition.size() / static_cast<size_t>(ep);
+      load.assign(static_cast<size_t>(expertCount[layer]), 0);
       std::vector<int64_t> &ranks = lastRankLoad[layer];
       ranks.assign(static_cast<size_t>(ep), 0);
-      for (size_t e = 0; e < load.size(); ++e) {
-        load[e] = byPosition[static_cast<size_t>(placed->second[e])];
-        ranks[static_cast<size_t>(placed->second[e]) / perRank] += load[e];
+      for (size_t p = 0; p < byPosition.size(); ++p) {
+        load[static_cast<size_t>(placed->second[p])] += byPosition[p];
+        ranks[p / perRank] += byPosition[p];
       }
     }
   }

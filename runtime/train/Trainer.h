@@ -141,9 +141,11 @@ private:
   int64_t steps = 0;
   float lastLoss = 0;
   std::map<int, std::vector<int64_t>> lastLoad;
-  /// Per MoE layer split over ep: the position of each expert among the ranks' experts
-  /// (rank = position / experts per rank): the route's placement, or the identity.
-  std::map<int, std::vector<int64_t>> expertPosition;
+  /// Per MoE layer split over ep: the expert at each position of the ranks' experts in turn
+  /// (rank = position / experts per rank): the route's placement, or consecutive ranges; and
+  /// the layer's number of experts.
+  std::map<int, std::vector<int64_t>> placedExperts;
+  std::map<int, int64_t> expertCount;
   std::map<int, std::vector<int64_t>> lastRankLoad;
 };
 

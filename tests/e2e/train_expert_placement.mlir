@@ -23,6 +23,21 @@
 // RUN: python3 %inputs/same_losses.py %t/placed/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
 // RUN:   | FileCheck %s --check-prefix=SAME
 // RUN: python3 %inputs/placed_load.py %t/placed/metrics.jsonl %t/mesh/metrics.jsonl | FileCheck %s --check-prefix=LOAD
+// With a spare expert per rank for copies of the busiest experts: still one rank's losses and
+// the same tokens per expert.
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 \
+// RUN:     --mesh dp=2,ep=2 --expert-load %t/mesh/metrics.jsonl --replicate-experts 1 --emit=plan-text 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=REPLICATED
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 \
+// RUN:     --mesh dp=2,ep=2 --expert-load %t/mesh/metrics.jsonl --replicate-experts 1 -o %t/replicated.moeplan
+// RUN: moe-run train --plan %t/replicated.moeplan --random-weights 3 --data %inputs/train.jsonl \
+// RUN:     --out %t/replicated --steps 3 --nproc 4 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/replicated/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME
+// RUN: python3 %inputs/placed_load.py %t/replicated/metrics.jsonl %t/mesh/metrics.jsonl --equal-tokens-only \
+// RUN:   | FileCheck %s --check-prefix=TOKENS
+// RUN: not moec compile %root/models/tiny-qwen3-moe/config.json --mesh ep=2 --expert-load %t/mesh/metrics.jsonl \
+// RUN:     --replicate-experts 5 -o %t/x.moeplan 2>&1 | FileCheck %s --check-prefix=TOOMANY
 
 // COMPILE: moec: experts placed by the load in {{.*}}metrics.jsonl: {{[0-9]+}} MoE layers; the busiest ep rank's tokens over the mean, worst layer: {{[0-9.]+}} with consecutive experts, {{[0-9.]+}} placed
 // COMPILE: moec: wrote {{.*}}placed.moeplan
@@ -30,3 +45,9 @@
 // LOAD: tokens per expert equal over 3 steps
 // LOAD: worst ep imbalance: {{[0-9.]+}} placed, {{[0-9.]+}} consecutive
 // LOAD: placed no worse
+// REPLICATED: moec: experts placed by the load in {{.*}}metrics.jsonl: 2 MoE layers, 1 spare experts per rank for copies of the busiest
+// REPLICATED: weight f32 [5,
+// REPLICATED: experts={{[0-9]+(,[0-9]+){4}$}}
+// REPLICATED: expert_route {{.*}} placement={{[0-9]+(,[0-9]+){9} }}
+// TOKENS: tokens per expert equal over 3 steps
+// TOOMANY: moec: error: {{.*}}metrics.jsonl: layer 0: cannot spread copies of its 8 experts over 2 ranks of 9 (at most one copy of an expert per rank)
