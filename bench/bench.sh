@@ -5,7 +5,8 @@
 #   bench/bench.sh run DIR     on the GPU machine (moe-run on PATH, python3 with torch,
 #                              transformers and PEFT): runs each configuration with both, prints
 #                              one markdown table (and writes it to $OUT/bench.md if OUT is set);
-#                              REF_RUNS=N runs the reference N times and keeps its fastest
+#                              REF_RUNS=N runs the reference N times and keeps its fastest;
+#                              CONFIGS="P3" runs only those; LOSS=0 skips the loss curves
 #
 # P1 Qwen3-30B-A3B, 48 layers, 4096 tokens; P2 Qwen3-Next-80B-A3B shapes, 4 layers, 4096 tokens;
 # P3 P1's shapes with 4 layers and LoRA on every routed expert too; P4 P1's shapes, 4 layers,
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${STEPS:-4}"; warmup="${WARMUP:-2}"
-configs=(P1 P2 P3 P4)
+read -r -a configs <<<"${CONFIGS:-P1 P2 P3 P4}"
 declare -A config=(
   [P1]=models/qwen3-30b-a3b/config.json
   [P2]=tests/gpu/Inputs/qwen3-next-80b-a3b-4layers.json
@@ -112,6 +113,7 @@ done
 } | tee "${OUT:-/tmp}/bench.md"
 
 # The same numbers: 20 steps of both from the same weights, adapter and data (bf16 tolerance).
+[ "${LOSS:-1}" = 0 ] && exit 0
 work="${TMPDIR:-/tmp}/moec-loss"; rm -rf "$work"
 python3 bench/loss_agreement.py prepare tests/gpu/Inputs/qwen3-30b-a3b-4layers.json "$work" 2>&1 | tail -1
 moe-run train --backend cuda --plan "$dir/loss.moeplan" --model "$work/model" --adapter "$work/adapter0" \

@@ -537,6 +537,48 @@ void gluForward(const KernelContext &ctx, const Experts &m, const Operands &s, c
                  m.inter * m.features, s.type, nullptr, f.h.get(), nullptr, m.inter);
 }
 
+/// Whether the gated SiLU with LoRA on gate and up runs as gluInOnePass does, the LoRA
+/// products in the GEMM's last k tile (GroupedGemm.cuh, LoraTile): ranks of at most 32 in
+/// multiples of 8. Then neither the f32 pre-activations nor the f32 LoRA sums go through memory.
+bool gluLoraInOnePass(const Experts &m, const Operands &s) {
+  return m.gate && !m.inOut && m.act == Silu && !m.upBias && m.upLora && m.gateLora &&
+         loraTileRank(m.upLora.rank) && loraTileRank(m.gateLora.rank) &&
+         groupedGluFits(m.features, s.x, m.features, s.gate, s.up, m.features, m.inter * m.features, s.type);
+}
+
+/// LoRA's tile operand for one or two factors A [r, in] of the rows x [R, in]: z [R, 64] with
+/// scale x Aᵀ in columns [0, r) (and scale x A2ᵀ in [32, 32 + r2)), zeros elsewhere.
+DeviceBuffer loraTileZ(const KernelContext &ctx, const Experts &m, const ExpertRows &g, plan::DType type,
+                       const void *x, int64_t in, const void *a, int64_t rank, const void *a2 = nullptr,
+                       int64_t rank2 = 0) {
+  DeviceBuffer z(ctx, type, m.rows * 64);
+  cudaMemsetAsync(z.get(), 0, static_cast<size_t>(m.rows) * 64 * 2, streamOf(ctx));
+  checkLaunch(ctx, "expert_mlp: LoRA tile");
+  float scale = static_cast<float>(m.loraScale);
+  groupedGemm(ctx, g, rank, in, scale, x, in, a, in, rank * in, true, type, 0.0f, z.get(), 64, type);
+  if (a2)
+    groupedGemm(ctx, g, rank2, in, scale, x, in, a2, in, rank2 * in, true, type, 0.0f,
+                static_cast<__nv_bfloat16 *>(z.get()) + 32, 64, type);
+  return z;
+}
+
+/// gluForward with the gate's and up's LoRA (gluLoraInOnePass); z keeps their tile operand.
+void gluLoraForward(const KernelContext &ctx, const Experts &m, const Operands &s, const ExpertRows &g,
+                    Forward &f, DeviceBuffer &z) {
+  z = loraTileZ(ctx, m, g, s.type, s.x, m.features, s.gateA, m.gateLora.rank, s.upA, m.upLora.rank);
+  LoraTile tile{z.get(), s.gateB, s.upB, m.gateLora.rank, m.upLora.rank};
+  f.h = DeviceBuffer(ctx, s.type, m.rows * m.inter);
+  groupedGluGemm(ctx, g, m.inter, m.features, s.x, m.features, s.gate, s.up, m.features,
+                 m.inter * m.features, s.type, nullptr, f.h.get(), nullptr, m.inter, nullptr, nullptr, &tile);
+}
+
+/// Whether the down projection adds its LoRA in its GEMM's last k tile (W_down [out, in], bf16).
+bool downLoraInOnePass(const Experts &m, const Operands &s, const void *h) {
+  return m.downLora && !m.inOut && !m.downBias && loraTileRank(m.downLora.rank) &&
+         groupedLoraFits(m.inter, h, m.inter, s.down, m.inter, m.features * m.inter, s.type,
+                         LoraTile{h, s.downB, nullptr, m.downLora.rank, 0});
+}
+
 /// Where one projection's gradients go.
 struct ProjectionGrad {
   GemmTarget *dW = nullptr, *dA = nullptr, *dB = nullptr;
@@ -544,13 +586,14 @@ struct ProjectionGrad {
 
 /// Backward of one projection y = x W_eᵀ (+ LoRA) over every expert's rows:
 /// dW_e, the LoRA factors' gradients, and dx = dxBeta * dx + dy W_e (+ LoRA
-/// path), dx in f32. x [R, in], dy [R, out], z [R, r], dz [R, r] scratch, all
-/// in the storage type.
+/// path), dx in f32. x [R, in], dy [R, out], z [R, r] (row stride ldz: x A_eᵀ, or
+/// scale x A_eᵀ with zScaled, as a LoRA tile holds it), dz [R, r] scratch, all in the
+/// storage type.
 void projectionBackward(const KernelContext &ctx, const Experts &m, const ExpertRows &g,
                         plan::DType type, const void *w, const Lora &l, const void *la,
                         const void *lb, const ProjectionGrad &grad, const void *x, const void *dy,
                         const void *z, int64_t in, int64_t out, void *dz, float *dx,
-                        float dxBeta) {
+                        float dxBeta, int64_t ldz = 0, bool zScaled = false) {
   if (grad.dW) {
     GemmTarget &t = *grad.dW;
     if (m.inOut) // dW_e [in, out] = xᵀ dy
@@ -569,8 +612,8 @@ void projectionBackward(const KernelContext &ctx, const Experts &m, const Expert
   int64_t r = l.rank;
   // y += scale z B_eᵀ with z = x A_eᵀ.
   if (grad.dB) // dB_e [out, r] = scale dyᵀ z
-    groupedGemmReduce(ctx, g, out, r, scale, dy, out, z, r, type, 0.0f, grad.dB->data(), r,
-                      out * r, grad.dB->dtype());
+    groupedGemmReduce(ctx, g, out, r, zScaled ? 1.0f : scale, dy, out, z, ldz ? ldz : r, type, 0.0f,
+                      grad.dB->data(), r, out * r, grad.dB->dtype());
   if (!grad.dA && !dx)
     return;
   // dz = scale dy B_e (B_e [out, r]).
@@ -599,12 +642,22 @@ void expertMlpForward(KernelContext &ctx) {
   int64_t R = m.rows, D = m.features, I = m.inter;
   ExpertRows g{offsets.as<int64_t>(), m.experts, R};
   Forward f;
+  DeviceBuffer zGateUp;
   if (gluInOnePass(m, s))
     gluForward(ctx, m, s, g, f);
+  else if (gluLoraInOnePass(m, s))
+    gluLoraForward(ctx, m, s, g, f, zGateUp);
   else
     forwardActivations(ctx, m, s, g, f);
   if (!m.downBias && !m.downLora && result.dtype == type) { // nothing added: straight into it
     project(ctx, m, g, type, f.h.get(), I, s.down, D, 0.0f, result.data, result.dtype);
+    return zeroUncountedRows(ctx, m, floatOut(result.data, result.dtype), D, g.offsets);
+  }
+  if (result.dtype == type && downLoraInOnePass(m, s, f.h.get())) { // LoRA in the GEMM, then straight in
+    DeviceBuffer z = loraTileZ(ctx, m, g, type, f.h.get(), I, s.downA, m.downLora.rank);
+    LoraTile tile{z.get(), s.downB, nullptr, m.downLora.rank, 0};
+    groupedGemm(ctx, g, D, I, 1.0f, f.h.get(), I, s.down, I, D * I, true, type, 0.0f, result.data, D,
+                result.dtype, &tile);
     return zeroUncountedRows(ctx, m, floatOut(result.data, result.dtype), D, g.offsets);
   }
 
@@ -661,9 +714,12 @@ void expertMlpBackward(KernelContext &ctx) {
   // Recompute the forward's activations: in one pass, only h and only where the down
   // projection's weight or LoRA gradients need it (the activation's gradient is recomputed
   // below from x, with dh).
-  bool onePass = gluInOnePass(m, s);
+  bool onePass = gluInOnePass(m, s), loraOnePass = !onePass && gluLoraInOnePass(m, s);
   Forward f;
-  if (!onePass)
+  DeviceBuffer zGateUp; // with loraOnePass: the gate's and up's scale x Aᵀ (a LoRA tile)
+  if (loraOnePass)
+    gluLoraForward(ctx, m, s, g, f, zGateUp);
+  else if (!onePass)
     forwardActivations(ctx, m, s, g, f);
   else if (m.downLora || dDown)
     gluForward(ctx, m, s, g, f);
@@ -688,6 +744,10 @@ void expertMlpBackward(KernelContext &ctx) {
   if (onePass) { // dg, dp from x and dh, the pre-activations recomputed in the epilogue
     groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, type, dh.as<float>(), dg.get(),
                    dp.get(), I);
+  } else if (loraOnePass) { // the same with the LoRA products in the last k tile
+    LoraTile tile{zGateUp.get(), s.gateB, s.upB, m.gateLora.rank, m.upLora.rank};
+    groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, type, dh.as<float>(), dg.get(),
+                   dp.get(), I, nullptr, nullptr, &tile);
   } else if (R * I > 0) {
     activationGradKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
         actParams(m, off), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),
@@ -711,11 +771,15 @@ void expertMlpBackward(KernelContext &ctx) {
       dx = dxScratch.as<float>();
     }
   }
-  projectionBackward(ctx, m, g, type, s.up, m.upLora, s.upA, s.upB, upGrad, s.x, dp.get(),
-                     f.zUp.get(), D, U, dz.get(), dx, 0.0f);
+  // The LoRA products x Aᵀ: the forward's (f32 path), or the tile's (scaled; gate, then up at 32).
+  const void *zUp = loraOnePass ? static_cast<const void *>(zGateUp.as<__nv_bfloat16>() + 32) : f.zUp.get();
+  const void *zGate = loraOnePass ? zGateUp.get() : f.zGate.get();
+  int64_t ldz = loraOnePass ? 64 : 0;
+  projectionBackward(ctx, m, g, type, s.up, m.upLora, s.upA, s.upB, upGrad, s.x, dp.get(), zUp, D, U,
+                     dz.get(), dx, 0.0f, ldz, loraOnePass);
   if (m.gate)
-    projectionBackward(ctx, m, g, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, s.x,
-                       dg.get(), f.zGate.get(), D, I, dz.get(), dx, 1.0f);
+    projectionBackward(ctx, m, g, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, s.x, dg.get(), zGate,
+                       D, I, dz.get(), dx, 1.0f, ldz, loraOnePass);
   for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
     t->finish(ctx);
   if (dxInOnePass)

@@ -9,7 +9,8 @@
 // in / out not multiples of 8 (in = 72, out = 100: the element-wise tile
 // path) and multiples of 8 over several tiles (the cp.async path), LoRA
 // ranks that are and are not multiples of 8; the gated SiLU's one-pass path
-// (no LoRA, chunked sizes). Backwards request every float operand's gradient,
+// (no LoRA, chunked sizes; and with LoRA of ranks 8 to 32 in the GEMMs' last k
+// tile, in bf16). Backwards request every float operand's gradient,
 // and some subsets. Invalid counts fault on the device
 // (death tests in a fresh process).
 //
@@ -298,6 +299,20 @@ TEST(CudaExpertMlp, GptOssOneExpertHoldsMostRows) {
 TEST(CudaExpertMlp, Ragged128ExpertsSiluGatedWithLora) {
   ExpertCase c = raggedCase("silu", true, routedCounts(160, 8, 128, 341), 64, 48, 342);
   addLora(c, true, true, true, 343, 8);
+  expectBoth(c);
+}
+
+/// LoRA as the GEMMs' last k tile (bf16; ranks <= 32, multiples of 8): rank 32 (the tile's
+/// halves full) and 24 (zero columns past it), ragged over 32 experts, several row and n tiles.
+TEST(CudaExpertMlp, Ragged32ExpertsSiluGatedWithRank32LoraTile) {
+  ExpertCase c = raggedCase("silu", true, routedCounts(300, 8, 32, 351), 256, 192, 352);
+  addLora(c, true, true, true, 353, 32);
+  expectBoth(c);
+}
+
+TEST(CudaExpertMlp, SkewedSiluGatedWithRank24LoraTile) {
+  ExpertCase c = raggedCase("silu", true, {260, 0, 3, 129, 0, 1}, 136, 264, 361);
+  addLora(c, true, true, true, 362, 24);
   expectBoth(c);
 }
 

@@ -477,10 +477,32 @@ void launch(const KernelContext &ctx, plan::DType abType, plan::DType cType, boo
 
 } // namespace
 
+namespace {
+
+/// The wgmma kernel's LoRA operands (WgmmaExtra).
+void addLoraTile(WgmmaExtra &extra, const LoraTile *lora) {
+  if (!lora)
+    return;
+  extra.loraZ = lora->z;
+  extra.loraB = lora->b;
+  extra.loraB2 = lora->b2;
+  extra.loraRank = lora->rank;
+  extra.loraRank2 = lora->rank2;
+}
+
+} // namespace
+
+bool groupedLoraFits(int64_t k, const void *x, int64_t ldx, const void *w, int64_t ldw, int64_t wStride,
+                     plan::DType abType, const LoraTile &lora) {
+  return abType == plan::BF16 && wgmmaAvailable() && chunkable(x, k, ldx) && chunkable(w, k, ldw, wStride) &&
+         lora.z && chunkable(lora.z, 64, 64) && lora.b && loraTileRank(lora.rank) &&
+         (!lora.b2 || loraTileRank(lora.rank2));
+}
+
 void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k, float alpha,
                  const void *x, int64_t ldx, const void *w, int64_t ldw, int64_t wStride,
                  bool transW, plan::DType abType, float beta, void *y, int64_t ldy,
-                 plan::DType yType) {
+                 plan::DType yType, const LoraTile *lora) {
   checkTypes(ctx, abType, yType, "grouped GEMM");
   if (g.rows <= 0 || g.experts <= 0 || n <= 0)
     return;
@@ -491,6 +513,13 @@ void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64
   // Σ_e ceil(rows_e / bm) <= ceil(rows / bm) + (experts with rows).
   int64_t mTiles = (g.rows + bm - 1) / bm + std::min(g.experts, g.rows);
   bool vec = chunkable(x, k, ldx) && chunkable(w, transW ? k : n, ldw, wStride);
+  if (lora) {
+    if (!transW || !groupedLoraFits(k, x, ldx, w, ldw, wStride, abType, *lora))
+      ctx.fail("internal: grouped GEMM with a LoRA tile on operands it does not take");
+    WgmmaExtra extra;
+    addLoraTile(extra, lora);
+    return wgmmaGroupedGemm(ctx, p, extra, Plain, transW, g.rows, yType);
+  }
   if (abType == plan::BF16 && vec && wgmmaAvailable()) // Hopper's wgmma (GroupedGemmWgmma.cu)
     return wgmmaGroupedGemm(ctx, p, WgmmaExtra{}, Plain, transW, g.rows, yType);
   if (transW)
@@ -528,8 +557,9 @@ bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, co
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
                     int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
-                    int64_t ldh, const float *rowScale, float *rowDots) {
-  if (!groupedGluFits(k, x, ldx, wGate, wUp, ldw, wStride, abType) || g.experts > 0x7fffffff)
+                    int64_t ldh, const float *rowScale, float *rowDots, const LoraTile *lora) {
+  if (!groupedGluFits(k, x, ldx, wGate, wUp, ldw, wStride, abType) || g.experts > 0x7fffffff ||
+      (lora && (!lora->b2 || !groupedLoraFits(k, x, ldx, wGate, ldw, wStride, abType, *lora))))
     ctx.fail("internal: grouped gated SiLU GEMM on operands it does not take");
   if (g.rows <= 0 || g.experts <= 0 || n <= 0)
     return;
@@ -540,6 +570,7 @@ void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
   extra.rowScale = rowScale;
   extra.rowDots = rowDots;
   extra.rows = g.rows;
+  addLoraTile(extra, lora);
   wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x, ldx, wGate, ldw, wStride, 0.0f, out, ldh), extra,
                    dh ? GluGrad : Glu, true, g.rows, abType);
 }

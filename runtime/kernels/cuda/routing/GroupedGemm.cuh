@@ -45,14 +45,31 @@ struct ExpertRows {
   int64_t rows = 0;
 };
 
+/// LoRA's low-rank products in the last k tile of a wgmma grouped GEMM (GroupedGemmWgmma.cuh,
+/// WgmmaExtra::loraZ): z [rows, 64] (row stride 64) holds each row's scale x Aᵀ (the gate's in
+/// columns [0, 32), the up's in [32, 64) for the gated SiLU; zeros past a rank), b / b2 the
+/// experts' B factors [n, rank] (the gate's or the only one, and the up's), expert stride n rank.
+struct LoraTile {
+  const void *z = nullptr, *b = nullptr, *b2 = nullptr;
+  int64_t rank = 0, rank2 = 0;
+};
+
+/// Whether a LoRA factor of this rank fits the tile: at most 32, a multiple of 8 (16-byte rows).
+inline bool loraTileRank(int64_t rank) { return rank > 0 && rank <= 32 && rank % 8 == 0; }
+
 /// For every expert e: Y[rows_e, :n] = alpha * X[rows_e, :k] · op(W_e) + beta * Y[rows_e, :n].
 /// W_e starts wStride elements after W_{e-1}; with transW it is [n, k] (a
 /// weight [out, in]) and op(W_e) = W_eᵀ, else it is [k, n]. ldx / ldw / ldy are
-/// the row strides in elements. x, w: abType (F32 or BF16); y: F32 or abType.
+/// the row strides in elements. x, w: abType (F32 or BF16); y: F32 or abType. With `lora`
+/// (transW, bf16 operands that groupedLoraFits takes): + z Bᵀ (alpha applies to both).
 void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k, float alpha,
                  const void *x, int64_t ldx, const void *w, int64_t ldw, int64_t wStride,
                  bool transW, plan::DType abType, float beta, void *y, int64_t ldy,
-                 plan::DType yType);
+                 plan::DType yType, const LoraTile *lora = nullptr);
+
+/// Whether groupedGemm (transW) and groupedGluGemm can add `lora`'s tile to these operands.
+bool groupedLoraFits(int64_t k, const void *x, int64_t ldx, const void *w, int64_t ldw, int64_t wStride,
+                     plan::DType abType, const LoraTile &lora);
 
 /// For every expert e: Y[rows_e, :n] = X1[rows_e, :k] · op(W1_e) + X2[rows_e, :k] · op(W2_e), both
 /// products in one f32 accumulator (X1, X2 share ldx; W1, W2 share ldw, wStride; op as in
@@ -75,11 +92,13 @@ bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, co
 /// ([rows] f32) the row's dH scaled by it, and with rowDots ([ceil(n / kRowDotColumns)][rows]
 /// f32) each row's Σ dH ⊙ H over each kRowDotColumns columns (dH unscaled). Only rows that
 /// experts own are written. The operands must fit (groupedGluFits). kRowDotColumns:
-/// GroupedGemmWgmma.cuh.
+/// GroupedGemmWgmma.cuh. With `lora` (both ranks fitting): the gate's and up's LoRA products in
+/// the pre-activations (G += z_g B_gᵀ, U += z_u B_uᵀ).
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
                     int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
-                    int64_t ldh, const float *rowScale = nullptr, float *rowDots = nullptr);
+                    int64_t ldh, const float *rowScale = nullptr, float *rowDots = nullptr,
+                    const LoraTile *lora = nullptr);
 
 /// For every expert e: C_e[:m, :n] = alpha * A[rows_e, :m]ᵀ · B[rows_e, :n] + beta * C_e, the
 /// sum over the expert's rows; C_e starts cStride elements after C_{e-1}

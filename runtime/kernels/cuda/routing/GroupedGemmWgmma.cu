@@ -16,7 +16,9 @@
 // (wgmma.m64n128k16, f32 accumulators in registers, both operands from shared
 // memory) and release each stage on a second mbarrier after its products.
 // setmaxnreg moves registers from the copying warpgroup to the two computing
-// ones. Rows past an expert's last row are copied too (another expert's, or
+// ones. With LoRA (WgmmaExtra::loraZ), one more k tile after the weights' adds
+// the low-rank products z Bᵀ to the same accumulators: no f32 round trip of the
+// projections through memory for LoRA experts either. Rows past an expert's last row are copied too (another expert's, or
 // zeros past the buffer): they only reach output rows the epilogue skips.
 //
 // Shared tiles use the 128-byte swizzle (Hopper.cuh): X [rows][k] and W_e
@@ -153,9 +155,10 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
 // Copies by the tensor memory accelerator, warp-specialised and persistent
 //===--------------------------------------------------------------------===//
 
-/// The operands' tensor maps (a2: SumOfTwo's X2; b2: SumOfTwo's W2 or the up weights).
+/// The operands' tensor maps (a2: SumOfTwo's X2; b2: SumOfTwo's W2 or the up weights; z, lb,
+/// lb2: the LoRA tile's, WgmmaExtra::loraZ, loraB, loraB2).
 struct TmaMaps {
-  CUtensorMap a, b, a2, b2;
+  CUtensorMap a, b, a2, b2, z, lb, lb2;
 };
 
 /// findRowTile for one warp, no shared memory or block barrier (the persistent kernel's
@@ -217,7 +220,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
 
   int64_t nTiles = (p.n + kBN - 1) / kBN;
   int tilesPerProduct = static_cast<int>((p.k + kBK - 1) / kBK);
-  int numK = kMode == SumOfTwo ? 2 * tilesPerProduct : tilesPerProduct;
+  const bool lora = x.loraZ != nullptr; // one more k tile: LoRA's products, last
+  int numK = (kMode == SumOfTwo ? 2 * tilesPerProduct : tilesPerProduct) + (lora ? 1 : 0);
   int warpGroup = threadIdx.x >> 7, lane = threadIdx.x & 31;
   int use = 0; // uses of the ring so far: stage use % kRing, its round use / kRing
 
@@ -240,6 +244,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
         int k0 = (second ? kt - tilesPerProduct : kt) * kBK;
         unsigned char *sA = smem + s * kStageBytes, *sB = sA + kTileBytes;
         mbarrierExpectBytes(&full[s], kStageBytes); // whole boxes, zero-filled past the bounds
+        if (lora && kt == numK - 1) { // z against B (the up's B shifted to columns 32..)
+          tmaLoad(sA, maps.z, 0, static_cast<int>(rowBegin), &full[s]);
+          tmaLoad(sB, maps.lb, 0, n0, expert, &full[s]);
+          if (kTwoB)
+            tmaLoad(sB + kTileBytes, maps.lb2, -32, n0, expert, &full[s]);
+          continue;
+        }
         tmaLoad(sA, second ? maps.a2 : maps.a, k0, static_cast<int>(rowBegin), &full[s]);
         const CUtensorMap &w = second ? maps.b2 : maps.b;
         if (!kTransB) {
@@ -314,6 +325,15 @@ CUtensorMap weightsMap(const KernelContext &ctx, const void *w, const GroupedPar
   return hopper::tensorMap(ctx, "grouped GEMM (wgmma)", w, 3, dims, strides, box);
 }
 
+/// The experts' LoRA factors B_e [n, r] (K-major, r <= 32): boxes of 64 k x 128 n, the
+/// columns past r zero-filled.
+CUtensorMap loraMap(const KernelContext &ctx, const void *b, const GroupedParams &p, int64_t rank) {
+  uint64_t dims[3] = {static_cast<uint64_t>(rank), static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.experts)};
+  uint64_t strides[2] = {static_cast<uint64_t>(rank) * 2, static_cast<uint64_t>(p.n * rank) * 2};
+  uint32_t box[3] = {64, 128, 1};
+  return hopper::tensorMap(ctx, "grouped GEMM (wgmma, LoRA tile)", b, 3, dims, strides, box);
+}
+
 template <bool kTransB, typename CT, int kMode>
 void launchTma(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtra &x, int64_t rows,
                int64_t tiles) {
@@ -324,6 +344,19 @@ void launchTma(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtr
     maps.a2 = rowsMap(ctx, x.a2, rows, p.k, p.lda);
   if (kMode != Plain)
     maps.b2 = weightsMap(ctx, x.b2, p, !kTransB);
+  if (x.loraZ) {
+    constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
+    bool fits = !kTransB && kMode != SumOfTwo && x.loraB && x.loraRank > 0 && x.loraRank <= 32 &&
+                x.loraRank % 8 == 0 &&
+                (!kTwoB || (x.loraB2 && x.loraRank2 > 0 && x.loraRank2 <= 32 && x.loraRank2 % 8 == 0));
+    if (!fits)
+      ctx.fail("internal: grouped GEMM (wgmma): a LoRA tile needs W_e [n, k], no second product, and ranks "
+               "of at most 32 in multiples of 8");
+    maps.z = rowsMap(ctx, x.loraZ, rows, 64, 64);
+    maps.lb = loraMap(ctx, x.loraB, p, x.loraRank);
+    if (kTwoB)
+      maps.lb2 = loraMap(ctx, x.loraB2, p, x.loraRank2);
+  }
   constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
   size_t bytes = size_t(kTwoB ? 4 : 6) * (kTwoB ? 3 : 2) * kTileBytes + 1024; // + alignment slack
   auto kernel = tmaGroupedKernel<kTransB, CT, kMode>;

@@ -44,6 +44,14 @@ struct WgmmaExtra {
   const float *rowScale = nullptr;
   float *rowDots = nullptr;
   int64_t rows = 0;
+  // Optional (Plain with W_e [n, k], Glu, GluGrad): LoRA's products as one more k tile of 64
+  // into the same accumulators. A: loraZ [rows, 64] (row stride 64), the rows' scale x Aᵀ: the
+  // gate's in columns [0, 32), the up's in [32, 64) (Plain: [0, 32)); columns past a rank hold
+  // zeros. B: the experts' factors [n, r] (r <= 32, r % 8 == 0, expert stride n r): loraB
+  // (Plain's, or the gate's) as the tile's columns [0, r), loraB2 (the up's) as [32, 32 + r2);
+  // the tensor memory accelerator fills the rest of each tile with zeros.
+  const void *loraZ = nullptr, *loraB = nullptr, *loraB2 = nullptr;
+  int64_t loraRank = 0, loraRank2 = 0;
 };
 
 /// Runs `mode` for every expert (p as groupedGemm fills it; transW: W_e [n, k]);
