@@ -784,12 +784,20 @@ void expertMlpBackward(KernelContext &ctx) {
         groupedGemmReduce(ctx, g, r, D, 1.0f, dzSide, 64, s.x, D, type, 0.0f, side.grad.dA->data(), D, r * D,
                           side.grad.dA->dtype());
     }
-    if (dTokens) {
-      LoraTile tile{dzTile.get(), s.gateA, s.upA, m.gateLora.rank, m.upLora.rank};
-      if (!groupedGemmSum(ctx, g, D, I, dg.get(), dp.get(), I, s.gate, s.up, D, I * D, false, type, dTokens->data,
-                          D, dTokens->dtype, &tile))
-        ctx.fail("internal: expert_mlp.backward: the input gradient's GEMM does not take the LoRA tile");
+    LoraTile tile{dzTile.get(), s.gateA, s.upA, m.gateLora.rank, m.upLora.rank};
+    if (dTokens && groupedGemmSum(ctx, g, D, I, dg.get(), dp.get(), I, s.gate, s.up, D, I * D, false, type,
+                                  dTokens->data, D, dTokens->dtype, &tile)) {
       zeroUncountedRows(ctx, m, floatOut(*dTokens), D, off);
+    } else if (dTokens) { // sizes the one GEMM cannot copy in 16-byte chunks: the four products in f32
+      DeviceBuffer scratch(ctx, plan::F32, R * D);
+      float *dx = scratch.as<float>();
+      groupedGemm(ctx, g, D, I, 1.0f, dg.get(), I, s.gate, D, I * D, false, type, 0.0f, dx, D, plan::F32);
+      groupedGemm(ctx, g, D, I, 1.0f, dp.get(), I, s.up, D, I * D, false, type, 1.0f, dx, D, plan::F32);
+      groupedGemm(ctx, g, D, m.gateLora.rank, 1.0f, dzTile.get(), 64, s.gateA, D, m.gateLora.rank * D, false, type,
+                  1.0f, dx, D, plan::F32);
+      groupedGemm(ctx, g, D, m.upLora.rank, 1.0f, dzTile.as<__nv_bfloat16>() + 32, 64, s.upA, D,
+                  m.upLora.rank * D, false, type, 1.0f, dx, D, plan::F32);
+      storeCountedRows(ctx, m, dx, D, off, dTokens->data, dTokens->dtype);
     }
     for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
       t->finish(ctx);
