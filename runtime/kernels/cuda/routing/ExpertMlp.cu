@@ -586,14 +586,13 @@ struct ProjectionGrad {
 
 /// Backward of one projection y = x W_eᵀ (+ LoRA) over every expert's rows:
 /// dW_e, the LoRA factors' gradients, and dx = dxBeta * dx + dy W_e (+ LoRA
-/// path), dx in f32. x [R, in], dy [R, out], z [R, r] (row stride ldz: x A_eᵀ, or
-/// scale x A_eᵀ with zScaled, as a LoRA tile holds it), dz [R, r] scratch, all in the
-/// storage type.
+/// path), dx in f32. x [R, in], dy [R, out], z [R, r], dz [R, r] scratch, all
+/// in the storage type.
 void projectionBackward(const KernelContext &ctx, const Experts &m, const ExpertRows &g,
                         plan::DType type, const void *w, const Lora &l, const void *la,
                         const void *lb, const ProjectionGrad &grad, const void *x, const void *dy,
                         const void *z, int64_t in, int64_t out, void *dz, float *dx,
-                        float dxBeta, int64_t ldz = 0, bool zScaled = false) {
+                        float dxBeta) {
   if (grad.dW) {
     GemmTarget &t = *grad.dW;
     if (m.inOut) // dW_e [in, out] = xᵀ dy
@@ -612,8 +611,8 @@ void projectionBackward(const KernelContext &ctx, const Experts &m, const Expert
   int64_t r = l.rank;
   // y += scale z B_eᵀ with z = x A_eᵀ.
   if (grad.dB) // dB_e [out, r] = scale dyᵀ z
-    groupedGemmReduce(ctx, g, out, r, zScaled ? 1.0f : scale, dy, out, z, ldz ? ldz : r, type, 0.0f,
-                      grad.dB->data(), r, out * r, grad.dB->dtype());
+    groupedGemmReduce(ctx, g, out, r, scale, dy, out, z, r, type, 0.0f, grad.dB->data(), r,
+                      out * r, grad.dB->dtype());
   if (!grad.dA && !dx)
     return;
   // dz = scale dy B_e (B_e [out, r]).
@@ -756,6 +755,54 @@ void expertMlpBackward(KernelContext &ctx) {
   }
   if (dUpBias)
     biasGrad(ctx, m, floatIn(dp.get(), type), U, *dUpBias, off);
+  if (loraOnePass) {
+    // The gate's and up's dz = scale dy B (one LoRA tile: the gate's in columns 0.., the up's in
+    // 32..) and their factors' gradients, then dx = dg W_gate + dp W_up + dz [A_gate; A_up] in
+    // one GEMM straight into the tokens' gradient: no f32 dx through memory.
+    DeviceBuffer dzTile(ctx, type, R * 64);
+    cudaMemsetAsync(dzTile.get(), 0, static_cast<size_t>(R) * 64 * 2, streamOf(ctx));
+    checkLaunch(ctx, "expert_mlp.backward: LoRA tile");
+    struct Side {
+      const void *dy, *z, *a, *b;
+      int64_t rank, column;
+      const ProjectionGrad &grad;
+    };
+    for (const Side &side : {Side{dg.get(), zGateUp.get(), s.gateA, s.gateB, m.gateLora.rank, 0, gateGrad},
+                             Side{dp.get(), zGateUp.as<__nv_bfloat16>() + 32, s.upA, s.upB, m.upLora.rank, 32,
+                                  upGrad}}) {
+      int64_t r = side.rank;
+      void *dzSide = dzTile.as<__nv_bfloat16>() + side.column;
+      if (side.grad.dW) // dW_e [out, in] = dyᵀ x
+        groupedGemmReduce(ctx, g, I, D, 1.0f, side.dy, I, s.x, D, type, 0.0f, side.grad.dW->data(), D, I * D,
+                          side.grad.dW->dtype());
+      if (side.grad.dB) // dB_e [out, r] = dyᵀ z (z holds scale x Aᵀ)
+        groupedGemmReduce(ctx, g, I, r, 1.0f, side.dy, I, side.z, 64, type, 0.0f, side.grad.dB->data(), r, I * r,
+                          side.grad.dB->dtype());
+      groupedGemm(ctx, g, r, I, static_cast<float>(m.loraScale), side.dy, I, side.b, r, I * r, false, type, 0.0f,
+                  dzSide, 64, type);
+      if (side.grad.dA) // dA_e [r, in] = dzᵀ x
+        groupedGemmReduce(ctx, g, r, D, 1.0f, dzSide, 64, s.x, D, type, 0.0f, side.grad.dA->data(), D, r * D,
+                          side.grad.dA->dtype());
+    }
+    LoraTile tile{dzTile.get(), s.gateA, s.upA, m.gateLora.rank, m.upLora.rank};
+    if (dTokens && groupedGemmSum(ctx, g, D, I, dg.get(), dp.get(), I, s.gate, s.up, D, I * D, false, type,
+                                  dTokens->data, D, dTokens->dtype, &tile)) {
+      zeroUncountedRows(ctx, m, floatOut(*dTokens), D, off);
+    } else if (dTokens) { // sizes the one GEMM cannot copy in 16-byte chunks: the four products in f32
+      DeviceBuffer scratch(ctx, plan::F32, R * D);
+      float *dx = scratch.as<float>();
+      groupedGemm(ctx, g, D, I, 1.0f, dg.get(), I, s.gate, D, I * D, false, type, 0.0f, dx, D, plan::F32);
+      groupedGemm(ctx, g, D, I, 1.0f, dp.get(), I, s.up, D, I * D, false, type, 1.0f, dx, D, plan::F32);
+      groupedGemm(ctx, g, D, m.gateLora.rank, 1.0f, dzTile.get(), 64, s.gateA, D, m.gateLora.rank * D, false, type,
+                  1.0f, dx, D, plan::F32);
+      groupedGemm(ctx, g, D, m.upLora.rank, 1.0f, dzTile.as<__nv_bfloat16>() + 32, 64, s.upA, D,
+                  m.upLora.rank * D, false, type, 1.0f, dx, D, plan::F32);
+      storeCountedRows(ctx, m, dx, D, off, dTokens->data, dTokens->dtype);
+    }
+    for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
+      t->finish(ctx);
+    return;
+  }
   // dx = dp W_up (+ dg W_gate): with no LoRA on them, one GEMM of both products straight into
   // the tokens' gradient; else accumulated in f32 (the output itself when f32).
   bool dxInOnePass = dTokens && onePass &&
@@ -771,15 +818,11 @@ void expertMlpBackward(KernelContext &ctx) {
       dx = dxScratch.as<float>();
     }
   }
-  // The LoRA products x Aᵀ: the forward's (f32 path), or the tile's (scaled; gate, then up at 32).
-  const void *zUp = loraOnePass ? static_cast<const void *>(zGateUp.as<__nv_bfloat16>() + 32) : f.zUp.get();
-  const void *zGate = loraOnePass ? zGateUp.get() : f.zGate.get();
-  int64_t ldz = loraOnePass ? 64 : 0;
-  projectionBackward(ctx, m, g, type, s.up, m.upLora, s.upA, s.upB, upGrad, s.x, dp.get(), zUp, D, U,
-                     dz.get(), dx, 0.0f, ldz, loraOnePass);
+  projectionBackward(ctx, m, g, type, s.up, m.upLora, s.upA, s.upB, upGrad, s.x, dp.get(), f.zUp.get(), D, U,
+                     dz.get(), dx, 0.0f);
   if (m.gate)
-    projectionBackward(ctx, m, g, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, s.x, dg.get(), zGate,
-                       D, I, dz.get(), dx, 1.0f, ldz, loraOnePass);
+    projectionBackward(ctx, m, g, type, s.gate, m.gateLora, s.gateA, s.gateB, gateGrad, s.x, dg.get(),
+                       f.zGate.get(), D, I, dz.get(), dx, 1.0f);
   for (GemmTarget *t : {&dUp, &dGate, &dDown, &dUpA, &dUpB, &dGateA, &dGateB, &dDownA, &dDownB})
     t->finish(ctx);
   if (dxInOnePass)

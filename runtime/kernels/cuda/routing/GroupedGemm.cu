@@ -531,18 +531,22 @@ void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64
 bool groupedGemmSum(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x1, const void *x2, int64_t ldx, const void *w1, const void *w2,
                     int64_t ldw, int64_t wStride, bool transW, plan::DType abType, void *y,
-                    int64_t ldy, plan::DType yType) {
+                    int64_t ldy, plan::DType yType, const LoraTile *lora) {
   checkTypes(ctx, abType, yType, "grouped GEMM sum");
   int64_t wContiguous = transW ? k : n;
   if (abType != plan::BF16 || !wgmmaAvailable() || !chunkable(x1, k, ldx) || !chunkable(x2, k, ldx) ||
       !chunkable(w1, wContiguous, ldw, wStride) || !chunkable(w2, wContiguous, ldw, wStride) ||
-      g.experts > 0x7fffffff)
+      g.experts > 0x7fffffff ||
+      (lora && (transW || !lora->z || !lora->b || !lora->b2 || !loraTileRank(lora->rank) ||
+                !loraTileRank(lora->rank2) || !chunkable(lora->z, 64, 64) || !chunkable(lora->b, n, n) ||
+                !chunkable(lora->b2, n, n))))
     return false;
   if (g.rows <= 0 || g.experts <= 0 || n <= 0)
     return true;
   WgmmaExtra extra;
   extra.a2 = x2;
   extra.b2 = w2;
+  addLoraTile(extra, lora);
   wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x1, ldx, w1, ldw, wStride, 0.0f, y, ldy), extra,
                    SumOfTwo, transW, g.rows, yType);
   return true;

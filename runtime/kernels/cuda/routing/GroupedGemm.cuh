@@ -74,11 +74,12 @@ bool groupedLoraFits(int64_t k, const void *x, int64_t ldx, const void *w, int64
 /// For every expert e: Y[rows_e, :n] = X1[rows_e, :k] · op(W1_e) + X2[rows_e, :k] · op(W2_e), both
 /// products in one f32 accumulator (X1, X2 share ldx; W1, W2 share ldw, wStride; op as in
 /// groupedGemm). Returns false without launching anything unless the operands are bf16 and
-/// 16-byte copyable (the wgmma kernel's conditions); the caller then runs two groupedGemm.
+/// 16-byte copyable (the wgmma kernel's conditions); the caller then runs two groupedGemm. With
+/// `lora` (W [k, n], both factors [r, n] of tile ranks, z the rows' dz): + z [A1; A2] as well.
 bool groupedGemmSum(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x1, const void *x2, int64_t ldx, const void *w1, const void *w2,
                     int64_t ldw, int64_t wStride, bool transW, plan::DType abType, void *y,
-                    int64_t ldy, plan::DType yType);
+                    int64_t ldy, plan::DType yType, const LoraTile *lora = nullptr);
 
 /// Whether groupedGluGemm can take these operands: bf16, 16-byte copyable.
 bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, const void *wUp,

@@ -244,11 +244,18 @@ __global__ void __launch_bounds__(3 * 128, 1)
         int k0 = (second ? kt - tilesPerProduct : kt) * kBK;
         unsigned char *sA = smem + s * kStageBytes, *sB = sA + kTileBytes;
         mbarrierExpectBytes(&full[s], kStageBytes); // whole boxes, zero-filled past the bounds
-        if (lora && kt == numK - 1) { // z against B (the up's B shifted to columns 32..)
+        if (lora && kt == numK - 1) { // z against the factors
           tmaLoad(sA, maps.z, 0, static_cast<int>(rowBegin), &full[s]);
-          tmaLoad(sB, maps.lb, 0, n0, expert, &full[s]);
-          if (kTwoB)
-            tmaLoad(sB + kTileBytes, maps.lb2, -32, n0, expert, &full[s]);
+          if (kTransB) { // [k][n] (SumOfTwo): the first factor as k rows 0..31, the second as 32..63
+            tmaLoad(sB, maps.lb, n0, 0, expert, &full[s]);
+            tmaLoad(sB + 4096, maps.lb2, n0, 0, expert, &full[s]);
+            tmaLoad(sB + 8192, maps.lb, n0 + 64, 0, expert, &full[s]);
+            tmaLoad(sB + 8192 + 4096, maps.lb2, n0 + 64, 0, expert, &full[s]);
+          } else { // [n][k]: B as the tile's columns 0.., the up's B shifted to columns 32..
+            tmaLoad(sB, maps.lb, 0, n0, expert, &full[s]);
+            if (kTwoB)
+              tmaLoad(sB + kTileBytes, maps.lb2, -32, n0, expert, &full[s]);
+          }
           continue;
         }
         tmaLoad(sA, second ? maps.a2 : maps.a, k0, static_cast<int>(rowBegin), &full[s]);
@@ -325,12 +332,14 @@ CUtensorMap weightsMap(const KernelContext &ctx, const void *w, const GroupedPar
   return hopper::tensorMap(ctx, "grouped GEMM (wgmma)", w, 3, dims, strides, box);
 }
 
-/// The experts' LoRA factors B_e [n, r] (K-major, r <= 32): boxes of 64 k x 128 n, the
-/// columns past r zero-filled.
-CUtensorMap loraMap(const KernelContext &ctx, const void *b, const GroupedParams &p, int64_t rank) {
-  uint64_t dims[3] = {static_cast<uint64_t>(rank), static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.experts)};
-  uint64_t strides[2] = {static_cast<uint64_t>(rank) * 2, static_cast<uint64_t>(p.n * rank) * 2};
-  uint32_t box[3] = {64, 128, 1};
+/// The experts' LoRA factors (r <= 32): B_e [n, r] (K-major) in boxes of 64 k x 128 n, the
+/// columns past r zero-filled; or (kMajor false) A_e [r, n] (MN-major) in boxes of 64 n x 32 k,
+/// the rows past r zero-filled.
+CUtensorMap loraMap(const KernelContext &ctx, const void *b, const GroupedParams &p, int64_t rank, bool kMajor) {
+  uint64_t dims[3] = {static_cast<uint64_t>(kMajor ? rank : p.n), static_cast<uint64_t>(kMajor ? p.n : rank),
+                      static_cast<uint64_t>(p.experts)};
+  uint64_t strides[2] = {static_cast<uint64_t>(kMajor ? rank : p.n) * 2, static_cast<uint64_t>(p.n * rank) * 2};
+  uint32_t box[3] = {64, kMajor ? 128u : 32u, 1};
   return hopper::tensorMap(ctx, "grouped GEMM (wgmma, LoRA tile)", b, 3, dims, strides, box);
 }
 
@@ -346,16 +355,17 @@ void launchTma(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtr
     maps.b2 = weightsMap(ctx, x.b2, p, !kTransB);
   if (x.loraZ) {
     constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
-    bool fits = !kTransB && kMode != SumOfTwo && x.loraB && x.loraRank > 0 && x.loraRank <= 32 &&
-                x.loraRank % 8 == 0 &&
-                (!kTwoB || (x.loraB2 && x.loraRank2 > 0 && x.loraRank2 <= 32 && x.loraRank2 % 8 == 0));
+    auto rankFits = [](int64_t r) { return r > 0 && r <= 32 && r % 8 == 0; };
+    bool two = kTwoB || kTransB; // the gated modes, and SumOfTwo's [k, n] factors: two of them
+    bool fits = (kTransB ? kMode == SumOfTwo : kMode != SumOfTwo) && x.loraB && rankFits(x.loraRank) &&
+                (!two || (x.loraB2 && rankFits(x.loraRank2)));
     if (!fits)
-      ctx.fail("internal: grouped GEMM (wgmma): a LoRA tile needs W_e [n, k], no second product, and ranks "
-               "of at most 32 in multiples of 8");
+      ctx.fail("internal: grouped GEMM (wgmma): a LoRA tile needs W_e [n, k] (Plain, the gated modes) or two "
+               "[k, n] factors (SumOfTwo), of ranks of at most 32 in multiples of 8");
     maps.z = rowsMap(ctx, x.loraZ, rows, 64, 64);
-    maps.lb = loraMap(ctx, x.loraB, p, x.loraRank);
-    if (kTwoB)
-      maps.lb2 = loraMap(ctx, x.loraB2, p, x.loraRank2);
+    maps.lb = loraMap(ctx, x.loraB, p, x.loraRank, !kTransB);
+    if (two)
+      maps.lb2 = loraMap(ctx, x.loraB2, p, x.loraRank2, !kTransB);
   }
   constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
   size_t bytes = size_t(kTwoB ? 4 : 6) * (kTwoB ? 3 : 2) * kTileBytes + 1024; // + alignment slack

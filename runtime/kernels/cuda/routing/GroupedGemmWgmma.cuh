@@ -49,7 +49,9 @@ struct WgmmaExtra {
   // gate's in columns [0, 32), the up's in [32, 64) (Plain: [0, 32)); columns past a rank hold
   // zeros. B: the experts' factors [n, r] (r <= 32, r % 8 == 0, expert stride n r): loraB
   // (Plain's, or the gate's) as the tile's columns [0, r), loraB2 (the up's) as [32, 32 + r2);
-  // the tensor memory accelerator fills the rest of each tile with zeros.
+  // the tensor memory accelerator fills the rest of each tile with zeros. SumOfTwo with W_e
+  // [k, n] (an input gradient dy W_e): the factors are [r, n] (A_e), loraB's as the tile's k
+  // rows [0, r), loraB2's as [32, 32 + r2), against loraZ's columns (the rows' dz).
   const void *loraZ = nullptr, *loraB = nullptr, *loraB2 = nullptr;
   int64_t loraRank = 0, loraRank2 = 0;
 };
