@@ -712,18 +712,19 @@ void expertMlpBackward(KernelContext &ctx) {
 
   // Recompute the forward's activations: in one pass, only h and only where the down
   // projection's weight or LoRA gradients need it (the activation's gradient is recomputed
-  // below from x, with dh).
+  // below from x, with dh). With LoRA on gate and up in one pass, the gradient's GEMM writes h
+  // as it goes: the down projection's gradients that need h wait for it.
   bool onePass = gluInOnePass(m, s), loraOnePass = !onePass && gluLoraInOnePass(m, s);
   Forward f;
   DeviceBuffer zGateUp; // with loraOnePass: the gate's and up's scale x Aᵀ (a LoRA tile)
   if (loraOnePass)
-    gluLoraForward(ctx, m, s, g, f, zGateUp);
+    zGateUp = loraTileZ(ctx, m, g, type, s.x, D, s.gateA, m.gateLora.rank, s.upA, m.upLora.rank);
   else if (!onePass)
     forwardActivations(ctx, m, s, g, f);
   else if (m.downLora || dDown)
     gluForward(ctx, m, s, g, f);
   DeviceBuffer zDown;
-  if (m.downLora) { // z = h A_downᵀ, as the forward computed it
+  if (m.downLora && !loraOnePass) { // z = h A_downᵀ, as the forward computed it
     int64_t r = m.downLora.rank;
     zDown = DeviceBuffer(ctx, type, R * r);
     groupedGemm(ctx, g, r, I, 1.0f, f.h.get(), I, s.downA, I, r * I, true, type, 0.0f,
@@ -738,15 +739,44 @@ void expertMlpBackward(KernelContext &ctx) {
 
   if (dDownBias)
     biasGrad(ctx, m, floatIn(*dResult), D, *dDownBias, off);
-  projectionBackward(ctx, m, g, type, s.down, m.downLora, s.downA, s.downB, downGrad, f.h.get(), dy,
-                     zDown.get(), I, D, dz.get(), dh.as<float>(), 0.0f);
+  if (loraOnePass) { // dh = dy W_down (+ dz A_down, dz = scale dy B_down): no h needed yet
+    groupedGemm(ctx, g, I, D, 1.0f, dy, D, s.down, I, I * D, false, type, 0.0f, dh.get(), I, plan::F32);
+    if (m.downLora) {
+      int64_t r = m.downLora.rank;
+      groupedGemm(ctx, g, r, D, static_cast<float>(m.loraScale), dy, D, s.downB, r, D * r, false, type, 0.0f,
+                  dz.get(), r, type);
+      groupedGemm(ctx, g, I, r, 1.0f, dz.get(), r, s.downA, I, r * I, false, type, 1.0f, dh.get(), I, plan::F32);
+    }
+    if (m.downLora || dDown)
+      f.h = DeviceBuffer(ctx, type, R * I);
+  } else {
+    projectionBackward(ctx, m, g, type, s.down, m.downLora, s.downA, s.downB, downGrad, f.h.get(), dy,
+                       zDown.get(), I, D, dz.get(), dh.as<float>(), 0.0f);
+  }
   if (onePass) { // dg, dp from x and dh, the pre-activations recomputed in the epilogue
     groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, type, dh.as<float>(), dg.get(),
                    dp.get(), I);
-  } else if (loraOnePass) { // the same with the LoRA products in the last k tile
+  } else if (loraOnePass) { // the same with the LoRA products in the last k tile; h on the way
     LoraTile tile{zGateUp.get(), s.gateB, s.upB, m.gateLora.rank, m.upLora.rank};
     groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, type, dh.as<float>(), dg.get(),
-                   dp.get(), I, nullptr, nullptr, &tile);
+                   dp.get(), I, nullptr, nullptr, &tile, f.h.get());
+    // The down projection's gradients that need h: dW = dyᵀ h, dB = scale dyᵀ (h A_downᵀ),
+    // dA = dzᵀ h.
+    if (downGrad.dW)
+      groupedGemmReduce(ctx, g, D, I, 1.0f, dy, D, f.h.get(), I, type, 0.0f, downGrad.dW->data(), I, I * D,
+                        downGrad.dW->dtype());
+    if (m.downLora) {
+      int64_t r = m.downLora.rank;
+      if (downGrad.dB) {
+        zDown = DeviceBuffer(ctx, type, R * r);
+        groupedGemm(ctx, g, r, I, 1.0f, f.h.get(), I, s.downA, I, r * I, true, type, 0.0f, zDown.get(), r, type);
+        groupedGemmReduce(ctx, g, D, r, static_cast<float>(m.loraScale), dy, D, zDown.get(), r, type, 0.0f,
+                          downGrad.dB->data(), r, D * r, downGrad.dB->dtype());
+      }
+      if (downGrad.dA)
+        groupedGemmReduce(ctx, g, r, I, 1.0f, dz.get(), r, f.h.get(), I, type, 0.0f, downGrad.dA->data(), I, r * I,
+                          downGrad.dA->dtype());
+    }
   } else if (R * I > 0) {
     activationGradKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(
         actParams(m, off), f.p.as<float>(), f.g.as<float>(), dh.as<float>(), floatOut(dp.get(), type),

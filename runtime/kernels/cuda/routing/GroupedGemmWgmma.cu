@@ -69,23 +69,27 @@ __device__ __forceinline__ void gatedPair(const GroupedParams &p, const WgmmaExt
                                           int64_t col, bool both, const float (&gate)[2],
                                           const float (&up)[2], const float (&dh)[2], float scale,
                                           float &dot) {
-  float out[2], out2[2];
+  float out[2], out2[2], h[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float gv = gate[i], u = up[i], s = 1.0f / (1.0f + __expf(-gv)), silu = gv * s;
+    h[i] = silu * u;
     if (kMode == Glu) {
-      out[i] = silu * u;
+      out[i] = h[i];
     } else { // silu' = s (1 + v (1 - s)) (siluGradD, with s computed once)
       float siluGrad = s * (1.0f + gv * (1.0f - s)), d = scale * dh[i];
       out[i] = d * u * siluGrad;
       out2[i] = d * silu;
       if (i == 0 || both)
-        dot = fmaf(dh[i], silu * u, dot);
+        dot = fmaf(dh[i], h[i], dot);
     }
   }
   storeTwo(static_cast<CT *>(p.c) + row * p.ldc + col, both, out[0], out[1], 0.0f);
-  if (kMode == GluGrad)
+  if (kMode == GluGrad) {
     storeTwo(static_cast<CT *>(x.c2) + row * p.ldc + col, both, out2[0], out2[1], 0.0f);
+    if (x.h)
+      storeTwo(static_cast<CT *>(x.h) + row * p.ldc + col, both, h[0], h[1], 0.0f);
+  }
 }
 
 /// Stores a warpgroup's 64 x 128 accumulators (rows 64 warpGroup.. of the CTA tile at rowBegin,
