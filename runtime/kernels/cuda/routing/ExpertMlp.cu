@@ -22,9 +22,17 @@
 // executor reports it (naming the step with MOEC_SYNC_STEPS=1). No later
 // kernel runs on bad offsets: the fault ends the context's work.
 //
+// The gated SiLU in bf16 runs in one pass (gluInOnePass: gate and up products
+// and the activation, or its gradient, in one grouped GEMM); with LoRA on gate
+// and up of ranks up to 32 in multiples of 8 too (gluLoraInOnePass: the LoRA
+// products z Bᵀ as the GEMM's last k tile, z = scale x Aᵀ), where the backward's
+// GluGrad also writes h for the down projection's gradients (the forward is
+// not recomputed) and dx = dg W_gate + dp W_up + dz [A_gate; A_up] is one GEMM.
+// Elsewhere: f32 pre-activations through memory, as below.
+//
 // Precision: GEMMs accumulate in f32. The pre-activations (p, g), the down
 // projection's output and the gradients of h and of the tokens are f32
-// scratch; the GEMM operands that are activations (h, the LoRA products z,
+// scratch (outside the one-pass forms); the GEMM operands that are activations (h, the LoRA products z,
 // dp, dg, dz) are kept in the storage type of the tokens (what a bf16 model
 // holds). Biases are added and activations computed in f32 / double like the
 // CPU, except in the bf16 grouped GEMM's gated epilogues (GroupedGemmWgmma.cu),
