@@ -90,18 +90,20 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
     countsTotal += slot.second * dispatches[layer];
   }
   loadDispatches = dispatches;
-  for (const plan::Step &step : rank.steps())
-    if (step.has_collective() && step.collective().kind() == plan::Collective::EXPERT_ROUTE &&
-        step.phase() == plan::FORWARD && !placedExperts.count(step.layer())) {
-      const plan::Collective &route = step.collective();
-      std::vector<int64_t> &experts = placedExperts[step.layer()];
-      experts.assign(route.placement().begin(), route.placement().end());
-      if (experts.empty()) { // consecutive ranges
-        experts.resize(static_cast<size_t>(route.num_experts()));
-        std::iota(experts.begin(), experts.end(), 0);
+  // Each MoE layer's placement, from the routes of every stage (the loads above cover them all).
+  for (int r = 0; r < world; r += perStage)
+    for (const plan::Step &step : plan.ranks(r).steps())
+      if (step.has_collective() && step.collective().kind() == plan::Collective::EXPERT_ROUTE &&
+          step.phase() == plan::FORWARD && !placedExperts.count(step.layer())) {
+        const plan::Collective &route = step.collective();
+        std::vector<int64_t> &experts = placedExperts[step.layer()];
+        experts.assign(route.placement().begin(), route.placement().end());
+        if (experts.empty()) { // consecutive ranges
+          experts.resize(static_cast<size_t>(route.num_experts()));
+          std::iota(experts.begin(), experts.end(), 0);
+        }
+        expertCount[step.layer()] = route.num_experts();
       }
-      expertCount[step.layer()] = route.num_experts();
-    }
   std::map<int, size_t> seen; // forward dispatches of a layer so far: its micro-batch
   for (int s = 0; s < rank.steps_size(); ++s) {
     const plan::Step &step = rank.steps(s);

@@ -36,6 +36,16 @@
 // RUN:   | FileCheck %s --check-prefix=SAME
 // RUN: python3 %inputs/placed_load.py %t/replicated/metrics.jsonl %t/mesh/metrics.jsonl --equal-tokens-only \
 // RUN:   | FileCheck %s --check-prefix=TOKENS
+// On pipeline stages too (ep=2, pp=2: one MoE layer a stage): rank 0 writes every layer's
+// tokens per expert in expert order and its ep ranks' shares.
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 \
+// RUN:     --mesh ep=2,pp=2 --pipeline-micro-batches 2 --expert-load %t/mesh/metrics.jsonl -o %t/pp.moeplan
+// RUN: moe-run train --plan %t/pp.moeplan --random-weights 3 --data %inputs/train.jsonl \
+// RUN:     --out %t/pp --steps 3 --nproc 4 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/pp/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME
+// RUN: python3 %inputs/placed_load.py %t/pp/metrics.jsonl %t/mesh/metrics.jsonl --equal-tokens-only \
+// RUN:   | FileCheck %s --check-prefix=TOKENS
 // RUN: not moec compile %root/models/tiny-qwen3-moe/config.json --mesh ep=2 --expert-load %t/mesh/metrics.jsonl \
 // RUN:     --replicate-experts 5 -o %t/x.moeplan 2>&1 | FileCheck %s --check-prefix=TOOMANY
 

@@ -496,7 +496,8 @@ bool groupedLoraFits(int64_t k, const void *x, int64_t ldx, const void *w, int64
                      plan::DType abType, const LoraTile &lora) {
   return abType == plan::BF16 && wgmmaAvailable() && chunkable(x, k, ldx) && chunkable(w, k, ldw, wStride) &&
          lora.z && chunkable(lora.z, 64, 64) && lora.b && loraTileRank(lora.rank) &&
-         (!lora.b2 || loraTileRank(lora.rank2));
+         chunkable(lora.b, lora.rank, lora.rank) &&
+         (!lora.b2 || (loraTileRank(lora.rank2) && chunkable(lora.b2, lora.rank2, lora.rank2)));
 }
 
 void groupedGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k, float alpha,
