@@ -690,6 +690,11 @@ int runBench(Args &args, const RankSetup &setup) {
       flops += step.launch().flops();
   std::vector<double> times;
   std::unique_ptr<Watchdog> watchdog = watchdogFor(session, setup);
+  // Says where it runs before the first step: a real-size plan on the CPU (the default backend)
+  // takes minutes a step.
+  if (setup.lead())
+    std::cerr << "moe-run bench: " << warmup << " warm-up and " << steps << " timed steps on "
+              << session.device->name() << "\n";
   for (int64_t i = 0; i < warmup + steps; ++i) {
     if (watchdog)
       watchdog->beat(i);

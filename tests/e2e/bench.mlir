@@ -22,6 +22,8 @@
 
 // --backend auto says which device it took: the GPU when there is one, else the CPU and why.
 // AUTO: moe-run: --backend auto: {{cuda:0 \(.*\)|cpu \([0-9]+ threads\) \(.+\)}}
+// Before the first step it says where the steps run (the default backend is the CPU).
+// AUTO: moe-run bench: 0 warm-up and 1 timed steps on {{cuda|cpu}}
 // AUTO: Qwen3MoeForCausalLM on {{cuda|cpu}}
 
 // A bf16 plan runs on the CPU too (bf16 storage emulated).
