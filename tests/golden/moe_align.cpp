@@ -109,6 +109,19 @@ std::string withoutDefault(std::string name) {
 /// In bf16, a gradient element below this share of its tensor's RMS has a sign bf16 cannot decide.
 constexpr double kBf16NoiseLevel = 2e-2;
 
+/// Which elements of a gradient are below `level` of its RMS: after AdamW, their parameters may
+/// move either way (AdamW moves by about lr * sign(gradient)).
+std::vector<bool> noiseLevelElements(const std::vector<float> &grad, double level) {
+  double rms = 0;
+  for (float g : grad)
+    rms += static_cast<double>(g) * g;
+  rms = std::sqrt(rms / std::max<size_t>(grad.size(), 1));
+  std::vector<bool> noise(grad.size());
+  for (size_t i = 0; i < grad.size(); ++i)
+    noise[i] = std::abs(grad[i]) < level * rms;
+  return noise;
+}
+
 /// Transformers' bf16 run's relative distance from the reference, per floating tensor the
 /// reference has (Comparison::spread).
 absl::StatusOr<std::map<std::string, double>> spreadFrom(const std::string &path, const Golden &golden) {
@@ -130,13 +143,10 @@ absl::StatusOr<std::map<std::string, double>> spreadFrom(const std::string &path
     // After AdamW, elements whose gradient is bf16 noise are held to 6 lr, not to the relative
     // error (main below): they do not count in the noise floor either.
     if (info.name.rfind("lora.after3.", 0) == 0) {
-      std::vector<float> grad = golden.floats("lora.grad." + info.name.substr(strlen("lora.after3.")));
-      double rms = 0;
-      for (float g : grad)
-        rms += static_cast<double>(g) * g;
-      rms = std::sqrt(rms / std::max<size_t>(grad.size(), 1));
-      for (size_t i = 0; i < grad.size() && i < ref.size(); ++i)
-        if (std::abs(grad[i]) < kBf16NoiseLevel * rms)
+      std::vector<bool> noise = noiseLevelElements(
+          golden.floats("lora.grad." + info.name.substr(strlen("lora.after3."))), kBf16NoiseLevel);
+      for (size_t i = 0; i < noise.size() && i < ref.size(); ++i)
+        if (noise[i])
           values[i] = ref[i];
     }
     spread[info.name] = Comparison::relative(values, ref);
@@ -381,16 +391,12 @@ int main(int argc, char **argv) {
       continue;
     std::string suffix = info.name.substr(strlen("lora.after3."));
     std::vector<float> ours = after[withoutDefault(suffix)], ref = golden.floats(info.name);
-    std::vector<float> grad = golden.floats("lora.grad." + suffix);
-    double noiseLevel = bf16 ? kBf16NoiseLevel : 1e-4; // of the tensor's RMS gradient
-    double rms = 0;
-    for (float g : grad)
-      rms += static_cast<double>(g) * g;
-    rms = std::sqrt(rms / std::max<size_t>(grad.size(), 1));
+    std::vector<bool> noise =
+        noiseLevelElements(golden.floats("lora.grad." + suffix), bf16 ? kBf16NoiseLevel : 1e-4);
     int noisy = 0;
     bool noisyOk = true;
-    for (size_t i = 0; i < grad.size() && i < ours.size() && i < ref.size(); ++i)
-      if (std::abs(grad[i]) < noiseLevel * rms) {
+    for (size_t i = 0; i < noise.size() && i < ours.size() && i < ref.size(); ++i)
+      if (noise[i]) {
         ++noisy;
         noisyOk &= std::abs(ours[i] - ref[i]) <= 2 * 3 * plan->optimizer().lr();
         ours[i] = ref[i]; // judged above, not in the relative error

@@ -195,15 +195,20 @@ std::vector<int64_t> someIndices(int64_t len, int64_t topk, uint64_t seed,
   return indices;
 }
 
+/// someIndices (top 4, seed 3) with row 0 of sequence 0 selecting nothing.
+std::vector<int64_t> indicesWithAnEmptyRow(int64_t len, std::vector<std::set<int64_t>> &keep) {
+  std::vector<int64_t> indices = someIndices(len, 4, 3, keep);
+  std::fill_n(indices.begin(), 4, -1);
+  keep[0].clear();
+  return indices;
+}
+
 TEST_P(MlaTest, SparseLogsumexpMatchesReference) {
   // Over the selected keys; +inf on a row that selects none.
   Config c = GetParam();
   std::vector<std::set<int64_t>> keep;
-  int64_t topk = 4;
-  std::vector<int64_t> indices = someIndices(c.len, topk, 3, keep);
-  indices[0] = indices[1] = indices[2] = indices[3] = -1; // row 0 of sequence 0 selects nothing
-  keep[0].clear();
-  KernelCall k = call(c, &indices, topk);
+  std::vector<int64_t> indices = indicesWithAnEmptyRow(c.len, keep);
+  KernelCall k = call(c, &indices, 4);
   k.output(plan::F32, {2 * c.len, c.heads});
   k.run();
   std::vector<float> lse = k.result(1).floats();
@@ -229,11 +234,8 @@ TEST_P(MlaTest, SparseLogsumexpMatchesReference) {
 TEST_P(MlaTest, SparseMatchesReference) {
   Config c = GetParam();
   std::vector<std::set<int64_t>> keep;
-  int64_t topk = 4;
-  std::vector<int64_t> indices = someIndices(c.len, topk, 3, keep);
-  indices[0] = indices[1] = indices[2] = indices[3] = -1; // row 0 of sequence 0 selects nothing
-  keep[0].clear();
-  KernelCall k = call(c, &indices, topk);
+  std::vector<int64_t> indices = indicesWithAnEmptyRow(c.len, keep);
+  KernelCall k = call(c, &indices, 4);
   k.run();
   std::vector<float> out = k.result(0).floats();
   for (int64_t b = 0; b < 2; ++b)
