@@ -4,12 +4,18 @@
 // every head rotated, the rest copied (partial RoPE); the backward applies
 // the transposed rotation to the result's gradient. One block per token:
 // the row's cos/sin (rope.dim/2 of them) go to shared memory, then every
-// thread writes output features independently. The arithmetic rounds as
+// thread writes output features independently. bf16 heads rotated whole in
+// the half style (Qwen3's q and k) take a vectorised kernel instead: a thread
+// per 8 pairs of features, 16-byte loads and stores (the general kernel's
+// 2-byte accesses ran at a fifth of the memory bandwidth: 0.19 ms for q at
+// 16384 tokens of 32 heads). The arithmetic rounds as
 // the CPU's RopeTable does, so the results are bit-identical up to the
 // last-place difference of the device's double sin/cos.
 //
 //===----------------------------------------------------------------------===//
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "runtime/kernels/cuda/attention/Common.cuh"
@@ -54,6 +60,60 @@ __global__ void __launch_bounds__(kRopeThreads)
       st(y, h0 + e, value);
     }
   }
+}
+
+constexpr int kPairThreads = 256;
+constexpr int kPairTable = 2048; // cos/sin entries a block holds: tokens per block x half
+
+/// The half style's rotation (or its transpose) of bf16 heads that rope.dim covers whole
+/// (features i and i + half of each head form pair i). Each thread takes 8 consecutive pairs of
+/// one head of one token; a block takes `tokensPerBlock` tokens, whose cos/sin it computes once
+/// into shared memory. Same operations in the same order as ropeRows: identical results.
+__global__ void __launch_bounds__(kPairThreads)
+    ropePairsBf16(const __nv_bfloat16 *x, IndexIn positions, __nv_bfloat16 *y, int64_t tokens,
+                  int64_t features, int headDim, int tokensPerBlock, RopeConsts r, int backward) {
+  __shared__ float cs[kPairTable], sn[kPairTable];
+  const int half = r.half, chunks = half / 8;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tokensPerBlock;
+  const int count = static_cast<int>(tokens - t0 < tokensPerBlock ? tokens - t0 : tokensPerBlock);
+  for (int e = threadIdx.x; e < count * half; e += blockDim.x)
+    ropeCosSin(r, e % half, static_cast<float>(ldIndex(positions, t0 + e / half)), cs[e], sn[e]);
+  __syncthreads();
+  const int heads = static_cast<int>(features / headDim), items = heads * chunks;
+  for (int w = threadIdx.x; w < count * items; w += blockDim.x) {
+    const int token = w / items, head = (w % items) / chunks, i0 = (w % chunks) * 8;
+    const int64_t base = (t0 + token) * features + static_cast<int64_t>(head) * headDim + i0;
+    uint4 ra = *reinterpret_cast<const uint4 *>(x + base);
+    uint4 rb = *reinterpret_cast<const uint4 *>(x + base + half);
+    const __nv_bfloat16 *va = reinterpret_cast<const __nv_bfloat16 *>(&ra);
+    const __nv_bfloat16 *vb = reinterpret_cast<const __nv_bfloat16 *>(&rb);
+    __align__(16) __nv_bfloat16 oa[8], ob[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float a = __bfloat162float(va[k]), b = __bfloat162float(vb[k]);
+      float c = cs[token * half + i0 + k], s = sn[token * half + i0 + k];
+      float first, second;
+      if (!backward) { // RopeTable::rotate
+        first = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        second = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+      } else { // RopeTable::rotateBack
+        first = __fadd_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        second = __fsub_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+      }
+      oa[k] = __float2bfloat16(first);
+      ob[k] = __float2bfloat16(second);
+    }
+    *reinterpret_cast<uint4 *>(y + base) = *reinterpret_cast<const uint4 *>(oa);
+    *reinterpret_cast<uint4 *>(y + base + half) = *reinterpret_cast<const uint4 *>(ob);
+  }
+}
+
+/// Whether ropePairsBf16 can take the launch: bf16 in and out, the half style over whole heads
+/// of a multiple of 16 features, 16-byte aligned rows.
+bool pairsApply(FloatIn x, FloatOut y, int64_t features, int64_t headDim, const RopeConsts &r) {
+  auto aligned = [](const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return x.bf16 && y.bf16 && !r.interleaved && 2 * r.half == headDim && r.half % 8 == 0 &&
+         r.half <= kPairTable && features % 8 == 0 && aligned(x.p) && aligned(y.p);
 }
 
 struct RopeLaunch {
@@ -107,6 +167,18 @@ void launchRope(const KernelContext &ctx, FloatIn x, IndexIn positions, FloatOut
                 bool backward) {
   if (tokens == 0 || features == 0)
     return;
+  if (pairsApply(x, y, features, headDim, r)) {
+    int64_t itemsPerToken = features / headDim * (r.half / 8);
+    int64_t perBlock = std::max<int64_t>(1, std::min<int64_t>(kPairThreads / itemsPerToken, kPairTable / r.half));
+    int64_t blocks = (tokens + perBlock - 1) / perBlock;
+    if (blocks <= 0x7fffffff) {
+      ropePairsBf16<<<static_cast<unsigned>(blocks), kPairThreads, 0, streamOf(ctx)>>>(
+          static_cast<const __nv_bfloat16 *>(x.p), positions, static_cast<__nv_bfloat16 *>(y.p), tokens,
+          features, static_cast<int>(headDim), static_cast<int>(perBlock), r, backward ? 1 : 0);
+      checkLaunch(ctx, backward ? "rope.backward" : "rope");
+      return;
+    }
+  }
   ropeRows<<<static_cast<unsigned>(tokens), kRopeThreads, 0, streamOf(ctx)>>>(
       x, positions, y, features, headDim, r, backward ? 1 : 0);
   checkLaunch(ctx, backward ? "rope.backward" : "rope");

@@ -86,6 +86,19 @@ TEST_F(CudaRopeTest, HalfFullHead) {
   compareRope(r, 3, 8, 33, 3, 1, 100, plan::I32);
 }
 
+TEST_F(CudaRopeTest, WholeHeadsOfSixteenOrMoreTakeTheVectorisedKernel) {
+  // bf16 storage (compareBoth's second run) of heads that rope.dim covers whole, half % 8 == 0:
+  // ropePairsBf16. Qwen3's 128-wide heads (32 q heads: one token a block; 4 k heads: eight), and
+  // 16-wide heads, many tokens a block, a count no multiple of it.
+  Rope r;
+  r.theta = 1e6;
+  r.dim = 128;
+  compareRope(r, 32, 128, 37, 2, 1, 5000);
+  compareRope(r, 4, 128, 41, 3, 3, 70, plan::I32);
+  r.dim = 16;
+  compareRope(r, 3, 16, 301, 2, 1, 17);
+}
+
 TEST_F(CudaRopeTest, PartialRotationKeepsTheRest) {
   Rope r;
   r.theta = 1e6;

@@ -51,6 +51,13 @@ const std::vector<RmsCase> kRmsCases = {
     {{64, 16 * 128}, 128, false},
     {{9, 2 * 256}, 256, true},
     {{5, 257}, 257, false},
+    // bf16 groups of a multiple of 8 features up to 8192 take the vectorised kernels (the runs
+    // with bf16 storage): segments of 2, 8, 16 lanes above, and here 4 and 32 lanes, a block of
+    // 256 threads (Qwen3's hidden size), the largest block; 8200 features take the scalar ones.
+    {{37, 3 * 32}, 32, false},
+    {{19, 2048}, 2048, false},
+    {{3, 8192}, 8192, true},
+    {{2, 8200}, 8200, false},
 };
 
 std::string name(const RmsCase &c) {
