@@ -55,7 +55,7 @@ using namespace hopper;
 constexpr int kRows = 128;                     // queries per CTA, and keys per tile (the diagonal is one tile)
 constexpr int kD = 128;                        // head dim = value dim
 constexpr int kBox = 128 * 128;                // bytes of a [128 rows][64 features] bf16 box
-constexpr int kStages = 2;                     // key/value tiles in flight
+constexpr int kStages = 3;                     // key/value tiles in flight (a step holds two)
 constexpr int kStageBytes = 4 * kBox;          // K and V: two boxes each
 constexpr size_t kShared = 2 * kBox + kStages * kStageBytes + 1024; // Q, the ring, alignment slack
 constexpr float kLn2 = 0.6931471805599453f;
@@ -147,13 +147,30 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
   for (int i = 0; i < 64; ++i)
     o[i] = 0.0f;
   mbarrierWait(&qFull, 0);
-  for (int j = 0; j < tiles; ++j) {
-    const int st = j % kStages, parity = (j / kStages) & 1;
-    const uint32_t kAddress = ringAddress + st * kStageBytes, vAddress = kAddress + 2 * kBox;
+  // Each step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} as two groups, runs the softmax of S_j
+  // while the second is in flight, and only then packs P_j (registers an issued wgmma reads must
+  // not change); O's rescale by the previous step's alpha comes before the product that adds to it.
+  // The two warpgroups take turns to issue (FlashAttention-3's ping-pong: named barrier 1 + c lets
+  // consumer c issue, the other consumer opens it), so that one's softmax runs under the other's
+  // products.
+  float alpha[2] = {1.0f, 1.0f};
+  uint32_t a[kRows / 16][4]; // P as A fragments: keys 16 kk ..: the n8 blocks 2 kk and 2 kk + 1 of S
+  const int turns = tiles + 1; // issue points: S_0, then S_j with P_{j-1} V_{j-1}, then the last P V
+  int turn = 0;
+  auto myTurn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory"); };
+  auto yourTurn = [&] {
+    if (consumer == 0 || ++turn < turns) // consumer 1 opened consumer 0's first turn up front
+      asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+  };
+  if (consumer == 1)
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  auto issueS = [&](int j) {
+    const int st = j % kStages;
+    const uint32_t kAddress = ringAddress + st * kStageBytes;
 #pragma unroll
     for (int i = 0; i < 64; ++i)
       s[i] = 0.0f;
-    mbarrierWait(&kFull[st], parity);
+    mbarrierWait(&kFull[st], (j / kStages) & 1);
     wgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -161,9 +178,27 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
       wgmma128<false>(s, descriptor(qAddress + step, 16, 1024), descriptor(kAddress + step, 16, 1024));
     }
     wgmmaCommit();
-    wgmmaWait<0>();
-
-    // Online softmax in base 2; only the diagonal tile masks (key > query).
+  };
+  auto issuePV = [&](int j) { // after rescaling O by the alpha of step j
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          o[4 * jj + 2 * r + c] *= alpha[r];
+    const int st = j % kStages;
+    const uint32_t vAddress = ringAddress + st * kStageBytes + 2 * kBox;
+    mbarrierWait(&vFull[st], (j / kStages) & 1);
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk)
+      wgmma128Registers(o, a[kk], descriptor(vAddress + kk * 2048, kBox, 1024));
+    wgmmaCommit();
+  };
+  // Online softmax of S_j in base 2 (only the diagonal tile masks: key > query); alpha, m and l
+  // move to step j.
+  auto softmax = [&](int j) {
     const bool diagonal = j == qTile;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -181,7 +216,7 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
           top = fmaxf(top, v);
         }
       const float mNew = fmaxf(m[r], quadMax(top)); // finite: key 0 <= every row
-      const float alpha = exp2Approx(m[r] - mNew);
+      alpha[r] = exp2Approx(m[r] - mNew);
       m[r] = mNew;
       float sum = 0.0f;
 #pragma unroll
@@ -191,28 +226,44 @@ __global__ void __launch_bounds__(3 * 128, 1) wgmmaForwardKernel(const __grid_co
           const int i = 4 * jj + 2 * r + c;
           s[i] = exp2Approx(s[i] - mNew);
           sum += s[i];
-          o[i] *= alpha;
         }
-      l[r] = l[r] * alpha + sum; // this lane's part of the row; the quad's parts are summed at the end
+      l[r] = l[r] * alpha[r] + sum; // this lane's part of the row; the quad's parts are summed at the end
     }
-
-    // P as A fragments, all before the products (registers an issued wgmma reads must not change).
-    uint32_t a[kRows / 16][4]; // keys 16 kk ..: the n8 blocks 2 kk and 2 kk + 1 of S
+  };
+  auto pack = [&] {
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         a[kk][q] = packBf16(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
-    mbarrierWait(&vFull[st], parity);
-    wgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk)
-      wgmma128Registers(o, a[kk], descriptor(vAddress + kk * 2048, kBox, 1024));
-    wgmmaCommit();
-    wgmmaWait<0>();
+  };
+  auto release = [&](int j) {
     if (lane == 0)
-      mbarrierArrive(&empty[st]);
+      mbarrierArrive(&empty[j % kStages]);
+  };
+
+  myTurn();
+  issueS(0);
+  yourTurn();
+  wgmmaWait<0>();
+  softmax(0);
+  pack();
+  for (int j = 1; j < tiles; ++j) {
+    myTurn();
+    issueS(j);
+    issuePV(j - 1);
+    yourTurn();
+    wgmmaWait<1>(); // S_j
+    softmax(j);
+    wgmmaWait<0>(); // P_{j-1} V_{j-1}
+    release(j - 1);
+    pack();
   }
+  myTurn();
+  issuePV(tiles - 1);
+  yourTurn();
+  wgmmaWait<0>();
+  release(tiles - 1);
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
