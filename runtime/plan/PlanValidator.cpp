@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <queue>
@@ -11,6 +13,7 @@
 #include <tuple>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -270,6 +273,7 @@ public:
     checkOverlaps();
     checkBindings();
     checkSteps();
+    checkPlacedBindings();
   }
 
 private:
@@ -580,6 +584,54 @@ private:
       if (rank.buffers(i).role() == WEIGHT && boundBy[i] < 0)
         problems.add(bufferWhere(index, i, rank.buffers(i)),
                      ": weight buffer has no weight binding, expected one (weights come from the checkpoint)");
+  }
+
+  /// With an expert placement, what the executor reads for a layer's experts must be what its
+  /// route sends there: each expert weight bound for layer L (a binding with `experts`, its tensor
+  /// naming "layers.L.") holds the experts that layer's route places on this rank, in that
+  /// order; none twice, each below the route's num_experts.
+  void checkPlacedBindings() {
+    std::map<int, std::vector<int64_t>> placed; // layer -> the experts its route puts here
+    std::map<int, int64_t> numExperts;
+    for (const Step &step : rank.steps()) {
+      if (!step.has_collective() || step.collective().kind() != Collective::EXPERT_ROUTE)
+        continue;
+      const Collective &c = step.collective();
+      if (c.placement_size() == 0 || c.group() >= static_cast<uint32_t>(rank.groups_size()))
+        continue; // no placement, or a bad group (reported with the step)
+      const Group &group = rank.groups(static_cast<int>(c.group()));
+      auto me = std::find(group.ranks().begin(), group.ranks().end(), rank.rank());
+      if (me == group.ranks().end() || c.placement_size() % group.ranks_size() != 0)
+        continue; // reported with the groups and the step
+      int per = c.placement_size() / group.ranks_size(), first = static_cast<int>(me - group.ranks().begin()) * per;
+      placed[step.layer()] = std::vector<int64_t>(c.placement().begin() + first, c.placement().begin() + first + per);
+      numExperts[step.layer()] = c.num_experts();
+    }
+    for (int j = 0; j < rank.weights_size(); ++j) {
+      const WeightBinding &binding = rank.weights(j);
+      if (binding.experts_size() == 0)
+        continue;
+      std::string at = absl::StrCat("rank ", index, ", weights[", j, "] ", quoted(binding.tensor()), ": ");
+      std::vector<int64_t> experts(binding.experts().begin(), binding.experts().end());
+      std::vector<int64_t> sorted = experts;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+        problems.add(at, "experts lists an expert twice, expected each of a rank's experts once");
+      size_t layerAt = binding.tensor().find("layers.");
+      if (layerAt == std::string::npos)
+        continue;
+      int layer = std::atoi(binding.tensor().c_str() + layerAt + strlen("layers."));
+      auto route = placed.find(layer);
+      if (route == placed.end())
+        continue;
+      if (sorted.back() >= numExperts[layer])
+        problems.add(at, "experts holds ", sorted.back(), ", expected experts below the route's num_experts (",
+                     numExperts[layer], ")");
+      else if (experts != route->second)
+        problems.add(at, "experts are [", absl::StrJoin(experts, ","), "], expected [",
+                     absl::StrJoin(route->second, ","), "]: what layer ", layer,
+                     "'s expert route places on this rank, in its order");
+    }
   }
 
   // Checks a buffer that step `s` reads or writes. Returns it when it can be

@@ -387,6 +387,28 @@ TEST_F(PlanValidatorTest, RejectsPlacedExpertsThatDoNotMatchTheBuffersRows) {
   EXPECT_THAT(messageOf(plan), HasSubstr("experts holds -1, expected expert numbers >= 0"));
 }
 
+TEST_F(PlanValidatorTest, RejectsPlacedExpertWeightsThatAreNotWhatTheRoutePlacesThere) {
+  makeExpertRoute(plan, {12, 2});
+  for (Rank &rank : *plan.mutable_ranks()) { // layer 0's route; every expert on both ranks
+    rank.mutable_steps(4)->set_layer(0);
+    for (int64_t e : {3, 0, 2, 1, 0, 1, 2, 3})
+      rank.mutable_steps(4)->mutable_collective()->add_placement(e);
+  }
+  WeightBinding &experts = *rank0().mutable_weights(1); // layer 0's [4, 16, 64] experts buffer
+  for (int64_t e : {3, 0, 2, 1})
+    experts.add_experts(e);
+  EXPECT_EQ(messageOf(plan), "OK");
+  experts.set_experts(0, 1);
+  experts.set_experts(3, 3); // rank 0's four experts in another order
+  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, weights[1] \"model.layers.0.mlp.experts.{expert}.gate_proj.weight\": "
+                                         "experts are [1,0,2,3], expected [3,0,2,1]: what layer 0's expert route "
+                                         "places on this rank, in its order"));
+  experts.set_experts(3, 1);
+  EXPECT_THAT(messageOf(plan), HasSubstr("experts lists an expert twice"));
+  experts.set_experts(3, 9);
+  EXPECT_THAT(messageOf(plan), HasSubstr("experts holds 9, expected experts below the route's num_experts (4)"));
+}
+
 TEST_F(PlanValidatorTest, RejectsAnExpertRouteWithMissingOutputs) {
   makeExpertRoute(plan, {12, 2});
   rank0().mutable_steps(4)->mutable_collective()->mutable_outputs()->RemoveLast();
