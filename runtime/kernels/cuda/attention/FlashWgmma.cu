@@ -8,13 +8,16 @@
 //
 // One CTA per (128-query tile, head, sequence), the longest rows first.
 // Warpgroup 0 (one thread) copies the query tile once and then the key and
-// value tiles of 128 rows by TMA into a ring of two stages, each completing
+// value tiles of 128 rows by TMA into a ring of three stages, each completing
 // on its own mbarrier (so S = Q Kᵀ can start before V lands). Warpgroups 1 and
 // 2 take 64 queries each: S on wgmma.m64n128k16 with both operands in shared
 // memory, the online softmax in base 2 on the accumulators, then O += P V
 // with P straight from the S registers (bf16 pairs: the accumulator layout of
 // two n8 blocks is mma's A fragment) and V transposed from shared memory;
-// each stage is released on a second mbarrier after its products. Key tiles
+// each stage is released on a second mbarrier after its products. As in
+// FlashAttention-3, step j issues S_j with P_{j-1} V_{j-1} and runs S_j's
+// softmax under that product, and the two warpgroups take turns to issue
+// (named barriers): one's softmax runs under the other's products. Key tiles
 // run 0 .. the diagonal one, masked per element only there. The result is
 // written in bf16, and the logsumexp when the op has that result.
 //
