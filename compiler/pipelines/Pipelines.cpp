@@ -35,6 +35,7 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
     passes::PropagateShardingPassOptions sharding;
     sharding.mesh = options.mesh;
     sharding.epExchange = options.epExchange;
+    sharding.tokenBlocks = options.tokenBlocks;
     model.addPass(passes::createPropagateShardingPass(sharding));
   }
   model.addPass(passes::createBuildTrainingStepPass(step));

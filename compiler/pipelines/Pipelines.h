@@ -72,6 +72,10 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<std::string> epExchange{*this, "ep-exchange",
                                  llvm::cl::desc("How expert parallel moves tokens: routed, all or auto"),
                                  llvm::cl::init("auto")};
+  Option<int64_t> tokenBlocks{*this, "token-blocks",
+                              llvm::cl::desc("With ep > 1: each MoE block's expert exchange on this many "
+                                             "blocks of its tokens (1: whole)"),
+                              llvm::cl::init(1)};
   Option<int64_t> pipelineMicroBatches{
       *this, "pipeline-micro-batches",
       llvm::cl::desc("Micro-batches per step on a pipeline (mesh pp > 1; 0: 2 x pp)"), llvm::cl::init(0)};

@@ -187,6 +187,13 @@ private:
       rows = rowsOf(slice.getInput()) / slice.getCount();
     } else if (isa<moe::StageExchangeOp>(op)) {
       rows = program.tokens(); // one micro-batch's hidden state or its gradient
+    } else if (auto blocks = dyn_cast<moe::TokenBlocksOp>(op)) {
+      int64_t n = rowsOf(blocks.getInput()), count = blocks.getNumResults();
+      rows = (index + 1) * n / count - index * n / count;
+    } else if (auto concat = dyn_cast<moe::ConcatTokensOp>(op)) {
+      rows = 0;
+      for (Value block : concat.getBlocks())
+        rows += rowsOf(block);
     } else if (Value from = rowsOperand(op, index)) {
       rows = rowsOf(from);
     }
@@ -201,7 +208,8 @@ private:
       return dispatch.getIndices();
     if (auto combine = dyn_cast<moe::CombineOp>(op))
       return combine.getIndices();
-    if (isa<moe::EpRouteOp, moe::EpSendOp, moe::EpReturnOp, moe::MicrobatchOp, moe::StageExchangeOp>(op))
+    if (isa<moe::EpRouteOp, moe::EpSendOp, moe::EpReturnOp, moe::MicrobatchOp, moe::StageExchangeOp,
+            moe::TokenBlocksOp, moe::ConcatTokensOp>(op))
       return {};
     if (auto backward = dyn_cast<moe::BackwardOp>(op))
       return backward.getInputs()[backward.getGradOfInputs()[index]];

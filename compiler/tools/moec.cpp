@@ -240,6 +240,11 @@ int runCompile(int argc, char **argv) {
                "decided on the host), all sends every token to every rank (fixed sizes, no wait), "
                "auto picks all where nearly every token has an expert on every rank"),
       cl::init("auto"));
+  cl::opt<int64_t> tokenBlocks(
+      "token-blocks", cl::value_desc("N"),
+      cl::desc("With ep > 1: run each MoE block's expert exchange on N blocks of its tokens, so that "
+               "one block's exchange can overlap another's experts (1: the whole batch at once)"),
+      cl::init(1));
   cl::opt<std::string> expertPlacement(
       "expert-placement", cl::value_desc("FILE"),
       cl::desc("With ep > 1: which experts each ep rank holds, per MoE layer: "
@@ -339,6 +344,7 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.pipelineMicroBatches = pipelineMicroBatches;
   options.epExchange = epExchange;
+  options.tokenBlocks = tokenBlocks;
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)
     errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;

@@ -107,6 +107,33 @@ LogicalResult EpReturnOp::buildBackward(OpBuilder &builder, ValueRange resultGra
   return success();
 }
 
+LogicalResult TokenBlocksOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                          SmallVectorImpl<Value> &operandGrads) {
+  // The blocks' gradients, joined. The blocks of one tensor are used alike (each by its own
+  // copy of the same computation), so either all of them get a gradient or none does.
+  operandGrads.assign(1, Value());
+  size_t arriving = llvm::count_if(resultGrads, [](Value g) { return static_cast<bool>(g); });
+  if (!wanted[0] || arriving == 0)
+    return success();
+  if (arriving != resultGrads.size())
+    return emitOpError("gets a gradient for ") << arriving << " of its " << resultGrads.size()
+                                               << " blocks; the backward needs all of them";
+  operandGrads[0] = builder.create<ConcatTokensOp>(getLoc(), getInput().getType(), resultGrads);
+  return success();
+}
+
+LogicalResult ConcatTokensOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                            SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.assign(getBlocks().size(), Value());
+  if (!resultGrads[0] || llvm::none_of(wanted, [](bool w) { return w; }))
+    return success();
+  auto split = builder.create<TokenBlocksOp>(getLoc(), getBlocks().getTypes(), resultGrads[0]);
+  for (auto [k, grad] : llvm::enumerate(split.getBlocks()))
+    if (wanted[k])
+      operandGrads[k] = grad;
+  return success();
+}
+
 static ParamOp lookupParam(WeightOp weight) {
   return SymbolTable::lookupNearestSymbolFrom<ParamOp>(weight, weight.getParamAttr());
 }

@@ -926,6 +926,47 @@ def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure,
   let hasVerifier = 1;
 }
 
+// Token blocks: with `token-blocks = N`, --moe-propagate-sharding runs each MoE block's expert
+// exchange on N blocks of its tokens, so that --moe-schedule-overlap can send one block while
+// the experts compute another.
+def Moe_TokenBlocksOp : Moe_Op<"token_blocks", [Pure,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Splits the token rows into consecutive blocks (expert-exchange overlap).";
+  let description = [{
+    With `n` rows and `N` results, block `b` is rows `[b n / N, (b + 1) n / N)`
+    of the leading dimension; the other dimensions and the element type are
+    the input's (token rows of any type: hidden states, router weights,
+    expert indices). The backward is `moe.concat_tokens` of the blocks'
+    gradients.
+
+    ```mlir
+    %x0, %x1 = moe.token_blocks %x : tensor<?x64xf32> -> tensor<?x64xf32>, tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs Variadic<AnyRankedTensor>:$blocks);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($blocks)";
+  let hasVerifier = 1;
+}
+
+def Moe_ConcatTokensOp : Moe_Op<"concat_tokens", [Pure,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Joins token blocks back into one tensor (the inverse of moe.token_blocks).";
+  let description = [{
+    The operands are the blocks `moe.token_blocks` makes of `n` rows (block
+    `b` has `(b + 1) n / N - b n / N` rows), in order; the result has their
+    `n` rows. The backward is `moe.token_blocks` of the result's gradient.
+
+    ```mlir
+    %y = moe.concat_tokens %y0, %y1 : tensor<?x64xf32>, tensor<?x64xf32> -> tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$blocks);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$blocks attr-dict `:` type($blocks) `->` type($result)";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Pipeline parallel: inserted by --moe-schedule-pipeline
 //===----------------------------------------------------------------------===//

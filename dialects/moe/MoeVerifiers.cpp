@@ -631,6 +631,35 @@ LogicalResult TpExitOp::verify() {
   return success();
 }
 
+/// Token blocks and their concatenation: `whole` and every block have the same element type and
+/// rank (at least 1), the same trailing dimensions, and a dynamic row count in the blocks.
+static LogicalResult verifyTokenBlocks(Operation *op, Type whole, TypeRange blocks) {
+  if (blocks.size() < 2)
+    return op->emitOpError("needs at least 2 blocks, got ") << blocks.size();
+  auto full = cast<RankedTensorType>(whole);
+  if (full.getRank() < 1)
+    return op->emitOpError("needs token rows (rank >= 1), got ") << full;
+  for (Type type : blocks) {
+    auto block = cast<RankedTensorType>(type);
+    if (block.getElementType() != full.getElementType() || block.getRank() != full.getRank())
+      return op->emitOpError("block ") << block << " differs from " << full << " in element type or rank";
+    if (!block.isDynamicDim(0))
+      return op->emitOpError("block ") << block << " must have a dynamic row count";
+    for (int64_t d = 1; d < full.getRank(); ++d)
+      if (block.getDimSize(d) != full.getDimSize(d))
+        return op->emitOpError("dimension ") << d << " of block " << block << " differs from " << full;
+  }
+  return success();
+}
+
+LogicalResult TokenBlocksOp::verify() {
+  return verifyTokenBlocks(*this, getInput().getType(), getBlocks().getTypes());
+}
+
+LogicalResult ConcatTokensOp::verify() {
+  return verifyTokenBlocks(*this, getResult().getType(), getBlocks().getTypes());
+}
+
 LogicalResult MicrobatchOp::verify() {
   int64_t index = getIndex(), count = getCount();
   if (count < 1 || index < 0 || index >= count)

@@ -9,6 +9,7 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
 
 #define DEBUG_TYPE "moe-propagate-sharding"
 
@@ -48,6 +49,12 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     if (epExchange != "auto" && epExchange != "routed" && epExchange != "all") {
       model.emitError("--moe-propagate-sharding: ep-exchange must be auto, routed or all, got '")
           << epExchange << "'";
+      return signalPassFailure();
+    }
+    if (tokenBlocks < 1 || (tokenBlocks > 1 && shape.ep < 2)) {
+      model.emitError("--moe-propagate-sharding: token-blocks must be 1, or more with ep > 1 (it splits the "
+                      "expert exchange), got ")
+          << static_cast<int64_t>(tokenBlocks) << " on mesh " << shape.str();
       return signalPassFailure();
     }
     if (shape.ep > 1 && failed(splitExperts(model, shape.ep)))
@@ -182,12 +189,76 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       auto back = b.create<moe::EpReturnOp>(because, sumType, combine.getResult(), route.getLayout(), axis,
                                             ranksAttr);
       combine.getResult().replaceAllUsesExcept(back.getResult(), back);
+      if (tokenBlocks > 1 &&
+          failed(splitTokenBlocks(b, {route, sendX, dispatch, mlp, sendW, combine, back}, tokenBlocks)))
+        return failure();
     }
     if (placement)
       for (NamedAttribute entry : placement)
         if (!placedLayers.contains(entry.getName().getValue()))
           return model.emitError("--moe-propagate-sharding: expert_placement names layer '")
                  << entry.getName().getValue() << "', which is not a layer with routed experts";
+    return success();
+  }
+
+  /// One MoE block's expert exchange and local computation, in IR order.
+  struct ExpertExchange {
+    moe::EpRouteOp route;
+    moe::EpSendOp sendX;
+    moe::DispatchOp dispatch;
+    moe::ExpertMLPOp mlp;
+    moe::EpSendOp sendW;
+    moe::CombineOp combine;
+    moe::EpReturnOp back;
+  };
+
+  /// Replaces `exchange` by `blocks` copies, each on one block of the tokens (moe.token_blocks of
+  /// the hidden state, the expert indices and the router weights), and joins the returned rows
+  /// (moe.concat_tokens). Written in the order the overlap schedule issues them: block b + 1's
+  /// route and sends come before block b's return, so the communication of one block can run
+  /// while the experts compute the other.
+  LogicalResult splitTokenBlocks(OpBuilder &b, ExpertExchange exchange, int64_t blocks) {
+    Value x = exchange.sendX.getInput(), indices = exchange.route.getIndices(),
+          weights = exchange.sendW.getInput();
+    // The router weights feed the combine; they must exist before the first block's sends.
+    if (Operation *producer = weights.getDefiningOp();
+        producer && (producer->getBlock() != exchange.route->getBlock() ||
+                     !producer->isBeforeInBlock(exchange.route)))
+      return exchange.combine.emitOpError("reads router weights computed after its dispatch; token-blocks needs "
+                                          "them before the expert exchange starts");
+    b.setInsertionPointAfter(exchange.back);
+    Location loc = exchange.dispatch.getLoc();
+    auto split = [&](Value whole) {
+      auto type = cast<RankedTensorType>(whole.getType());
+      SmallVector<int64_t> shape(type.getShape());
+      shape[0] = ShapedType::kDynamic;
+      SmallVector<Type> types(blocks, RankedTensorType::get(shape, type.getElementType()));
+      return b.create<moe::TokenBlocksOp>(loc, types, whole).getBlocks();
+    };
+    ValueRange xs = split(x), indexBlocks = split(indices), weightBlocks = split(weights);
+    SmallVector<IRMapping> maps(blocks);
+    SmallVector<Operation *> returns;
+    for (int64_t k = 0; k < blocks; ++k) {
+      maps[k].map(x, xs[k]);
+      maps[k].map(indices, indexBlocks[k]);
+      maps[k].map(weights, weightBlocks[k]);
+      for (Operation *op : {exchange.route.getOperation(), exchange.sendX.getOperation(), exchange.sendW.getOperation()})
+        b.clone(*op, maps[k]);
+      if (k > 0) // the previous block's return, behind this block's sends on the exchange
+        returns.push_back(b.clone(*exchange.back, maps[k - 1]));
+      for (Operation *op : {exchange.dispatch.getOperation(), exchange.mlp.getOperation(), exchange.combine.getOperation()})
+        b.clone(*op, maps[k]);
+    }
+    returns.push_back(b.clone(*exchange.back, maps[blocks - 1]));
+    SmallVector<Value> rows;
+    for (Operation *back : returns)
+      rows.push_back(back->getResult(0));
+    auto joined = b.create<moe::ConcatTokensOp>(loc, exchange.back.getType(), rows);
+    exchange.back.getResult().replaceAllUsesWith(joined.getResult());
+    for (Operation *op : {exchange.back.getOperation(), exchange.combine.getOperation(), exchange.sendW.getOperation(),
+                          exchange.mlp.getOperation(), exchange.dispatch.getOperation(), exchange.sendX.getOperation(),
+                          exchange.route.getOperation()})
+      op->erase();
     return success();
   }
 

@@ -88,6 +88,17 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     that cannot split is named in a warning, and a model with nothing to
     split fails.
 
+    Token blocks (`token-blocks = N`, with ep): each MoE block's tokens,
+    expert indices and router weights are split into N consecutive blocks
+    (`moe.token_blocks`), each block gets its own route, sends, dispatch,
+    expert MLP, combine and return, and `moe.concat_tokens` joins the
+    returned rows. Every token's rows are computed as before (the same
+    experts, the same sums). The blocks are written in the order
+    `--moe-schedule-overlap` issues them: block 0's route and sends, its
+    experts, block 1's route and sends, block 0's return, block 1's
+    experts, ..., the last return; the backward, built in reverse, then
+    sends one block's gradient while the experts differentiate another.
+
     Pipeline parallel (`pp`) changes nothing here: `--moe-schedule-pipeline`
     splits the training step into stages.
 
@@ -115,6 +126,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
            "Mesh axes and sizes, e.g. dp=2,ep=2 (empty: one rank)">,
     Option<"epExchange", "ep-exchange", "std::string", "\"auto\"",
            "How expert parallel moves tokens: routed, all (every token to every rank) or auto">,
+    Option<"tokenBlocks", "token-blocks", "int64_t", "1",
+           "With ep > 1: run each MoE block's expert exchange on this many blocks of its tokens "
+           "(--moe-schedule-overlap sends one block while the experts compute another)">,
   ];
   let dependentDialects = ["::moec::moe::MoeDialect"];
 }

@@ -21,7 +21,7 @@
 // both plans with moec's flag of that name. --recompute compiles
 // the mesh plan with that policy (moec --recompute; the single rank saves
 // everything), so what the backward keeps is checked under the mesh too.
-// --expert-placement compiles the mesh plan with moec's flag of that name
+// --expert-placement and --token-blocks compile the mesh plan with moec's flags of those names
 // (which experts each ep rank holds).
 //
 //===----------------------------------------------------------------------===//
@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
   std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32"), backend = args.get("backend", "cpu");
   std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan");
   std::string epExchange = args.get("ep-exchange", "auto"), recompute = args.get("recompute"),
-              placement = args.get("expert-placement");
+              placement = args.get("expert-placement"), tokenBlocks = args.get("token-blocks");
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
@@ -175,13 +175,13 @@ int main(int argc, char **argv) {
   }
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
-  if ((!recompute.empty() || fusedExperts || !placement.empty()) && !singlePath.empty())
-    return fail("--recompute, --fused-expert-backward and --expert-placement are for the plans moe-mesh-check "
+  if ((!recompute.empty() || fusedExperts || !placement.empty() || !tokenBlocks.empty()) && !singlePath.empty())
+    return fail("--recompute, --fused-expert-backward, --expert-placement and --token-blocks are for the plans moe-mesh-check "
                 "compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
                 "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
-                "[--expert-placement FILE] [--plan SINGLE --mesh-plan MESH]");
+                "[--expert-placement FILE] [--token-blocks N] [--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
   if (!moe::MeshShape::parse(meshText, mesh, error))
@@ -254,6 +254,8 @@ int main(int argc, char **argv) {
       moecArgs.insert(moecArgs.end(), {"--recompute", recompute});
     if (!meshFlag.empty() && !placement.empty())
       moecArgs.insert(moecArgs.end(), {"--expert-placement", placement});
+    if (!meshFlag.empty() && !tokenBlocks.empty())
+      moecArgs.insert(moecArgs.end(), {"--token-blocks", tokenBlocks});
     if (fusedExperts) // both plans: the expert MLP and its combine differentiated as one
       moecArgs.push_back("--fused-expert-backward");
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())

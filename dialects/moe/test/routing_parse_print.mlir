@@ -86,3 +86,17 @@ func.func @expert_mlp_in_out_layout(%tok: tensor<?x2048xbf16>, %cnt: tensor<64xi
   %o = moe.expert_mlp %tok, %cnt, up %up, down %down {activation = #moe<activation silu>, fused_gate_up, in_out_layout} : (tensor<?x2048xbf16>, tensor<64xi64>, tensor<64x2048x1536xbf16>, tensor<64x768x2048xbf16>) -> tensor<?x2048xbf16>
   return %o : tensor<?x2048xbf16>
 }
+
+// -----
+
+// Tests that token blocks and their concatenation round-trip (hidden rows and expert indices).
+// CHECK-LABEL: func.func @token_blocks(
+// CHECK: %[[X:.*]]:2 = moe.token_blocks %{{.*}} : tensor<?x16xbf16> -> tensor<?x16xbf16>, tensor<?x16xbf16>
+// CHECK: moe.token_blocks %{{.*}} : tensor<?x8xi32> -> tensor<?x8xi32>, tensor<?x8xi32>, tensor<?x8xi32>
+// CHECK: moe.concat_tokens %[[X]]#0, %[[X]]#1 : tensor<?x16xbf16>, tensor<?x16xbf16> -> tensor<?x16xbf16>
+func.func @token_blocks(%x: tensor<?x16xbf16>, %i: tensor<?x8xi32>) -> tensor<?x16xbf16> {
+  %x0, %x1 = moe.token_blocks %x : tensor<?x16xbf16> -> tensor<?x16xbf16>, tensor<?x16xbf16>
+  %i0, %i1, %i2 = moe.token_blocks %i : tensor<?x8xi32> -> tensor<?x8xi32>, tensor<?x8xi32>, tensor<?x8xi32>
+  %y = moe.concat_tokens %x0, %x1 : tensor<?x16xbf16>, tensor<?x16xbf16> -> tensor<?x16xbf16>
+  return %y : tensor<?x16xbf16>
+}

@@ -304,3 +304,39 @@ func.func @combine_expert_output_rank(%eo: tensor<?xbf16>, %ri: tensor<?x8xi32>,
   %y = moe.combine %eo, %ri, %rw : (tensor<?xbf16>, tensor<?x8xi32>, tensor<?x8xf32>) -> tensor<?x2048xbf16>
   return %y : tensor<?x2048xbf16>
 }
+
+// -----
+
+// Tests that token blocks keep the element type.
+func.func @token_blocks_type(%x: tensor<?x16xbf16>) {
+  // expected-error @+1 {{'moe.token_blocks' op block 'tensor<?x16xf32>' differs from 'tensor<?x16xbf16>' in element type or rank}}
+  %a, %b = moe.token_blocks %x : tensor<?x16xbf16> -> tensor<?x16xbf16>, tensor<?x16xf32>
+  return
+}
+
+// -----
+
+// Tests that a block's row count is left to the runtime (the tokens per step).
+func.func @token_blocks_rows(%x: tensor<?x16xbf16>) {
+  // expected-error @+1 {{'moe.token_blocks' op block 'tensor<4x16xbf16>' must have a dynamic row count}}
+  %a, %b = moe.token_blocks %x : tensor<?x16xbf16> -> tensor<4x16xbf16>, tensor<?x16xbf16>
+  return
+}
+
+// -----
+
+// Tests that the blocks keep the features.
+func.func @concat_tokens_features(%a: tensor<?x16xbf16>, %b: tensor<?x8xbf16>) {
+  // expected-error @+1 {{'moe.concat_tokens' op dimension 1 of block 'tensor<?x8xbf16>' differs from 'tensor<?x16xbf16>'}}
+  %y = moe.concat_tokens %a, %b : tensor<?x16xbf16>, tensor<?x8xbf16> -> tensor<?x16xbf16>
+  return
+}
+
+// -----
+
+// Tests that one block is no split.
+func.func @token_blocks_one(%x: tensor<?x16xbf16>) {
+  // expected-error @+1 {{'moe.token_blocks' op needs at least 2 blocks, got 1}}
+  %a = moe.token_blocks %x : tensor<?x16xbf16> -> tensor<?x16xbf16>
+  return
+}

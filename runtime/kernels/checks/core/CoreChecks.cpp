@@ -186,4 +186,33 @@ std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx) {
   return {static_cast<size_t>(index) * bytes, bytes};
 }
 
+std::vector<std::pair<size_t, size_t>> tokenBlockBytes(const KernelContext &ctx) {
+  bool split = ctx.kernel == "token_blocks";
+  const std::vector<TensorRef> &blocks = split ? ctx.outputs : ctx.inputs;
+  if ((split ? ctx.inputs : ctx.outputs).size() != 1 || blocks.size() < 2)
+    ctx.fail(std::string("expected ") + (split ? "one input and at least 2 blocks out" : "at least 2 blocks in and one output") +
+             ", got " + std::to_string(ctx.inputs.size()) + " inputs and " + std::to_string(ctx.outputs.size()) + " outputs");
+  const TensorRef &whole = split ? ctx.in(0) : ctx.out(0);
+  if (whole.rank() < 1)
+    ctx.fail("the whole tensor must have token rows (rank >= 1), got " + shapeText(whole.shape));
+  int64_t rows = whole.dim(0); // a row is the product of the other dimensions
+  size_t rowBytes = static_cast<size_t>(plan::dtypeSize(whole.dtype));
+  for (int64_t d = 1; d < whole.rank(); ++d)
+    rowBytes *= static_cast<size_t>(whole.dim(d));
+  int64_t count = static_cast<int64_t>(blocks.size());
+  std::vector<std::pair<size_t, size_t>> copies;
+  for (int64_t b = 0; b < count; ++b) {
+    const TensorRef &block = blocks[b];
+    int64_t first = b * rows / count, last = (b + 1) * rows / count;
+    std::vector<int64_t> want = whole.shape;
+    want[0] = last - first;
+    if (block.dtype != whole.dtype || block.shape != want)
+      ctx.fail("block " + std::to_string(b) + " of " + std::to_string(count) + " must be rows [" +
+               std::to_string(first) + ", " + std::to_string(last) + ") of " + shapeText(whole.shape) +
+               " in the same dtype, got " + shapeText(block.shape));
+    copies.emplace_back(static_cast<size_t>(first) * rowBytes, static_cast<size_t>(last - first) * rowBytes);
+  }
+  return copies;
+}
+
 } // namespace moec::runtime::checks::core

@@ -279,6 +279,20 @@ void microbatch(KernelContext &ctx) {
   std::memcpy(ctx.out(0).data, static_cast<const char *>(ctx.in(0).data) + offset, bytes);
 }
 
+/// token_blocks and concat_tokens: each block's rows copied out of or into the whole tensor.
+void tokenBlocks(KernelContext &ctx) {
+  bool split = ctx.kernel == "token_blocks";
+  std::vector<std::pair<size_t, size_t>> copies = checks::core::tokenBlockBytes(ctx);
+  char *whole = static_cast<char *>(split ? ctx.in(0).data : ctx.out(0).data);
+  for (size_t b = 0; b < copies.size(); ++b) {
+    auto [offset, bytes] = copies[b];
+    if (split)
+      std::memcpy(ctx.out(b).data, whole + offset, bytes);
+    else
+      std::memcpy(whole + offset, ctx.in(b).data, bytes);
+  }
+}
+
 /// The one kernel that accumulates: acc += g (the executor zeroes gradients once per step).
 void accumulateGrad(KernelContext &ctx) {
   const TensorRef &grad = ctx.in(0), &acc = ctx.out(0);
@@ -302,6 +316,8 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("split.backward", splitBackward);
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
+  registry.add("token_blocks", tokenBlocks);
+  registry.add("concat_tokens", tokenBlocks);
   registry.add("accumulate_grad", accumulateGrad);
 }
 

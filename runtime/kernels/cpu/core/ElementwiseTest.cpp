@@ -346,6 +346,39 @@ TEST(Microbatch, TakesOneBlockOfRowsOrOneElement) {
   EXPECT_THAT(failureOf(uneven), HasSubstr("microbatch: the result must be block 0 of 2 equal blocks"));
 }
 
+TEST(TokenBlocks, SplitsRowsAndConcatJoinsThem) {
+  // 7 rows in 3 blocks: rows [0, 2), [2, 4), [4, 7).
+  OwnedTensor rows = randomTensor({7, 3}, 30);
+  std::vector<float> all = rows.floats();
+  KernelCall split(registry(), "token_blocks");
+  split.input(rows).output(plan::F32, {2, 3}).output(plan::F32, {2, 3}).output(plan::F32, {3, 3});
+  split.run();
+  const int64_t first[] = {0, 2, 4, 7};
+  for (int b = 0; b < 3; ++b) {
+    std::vector<double> want(all.begin() + first[b] * 3, all.begin() + first[b + 1] * 3);
+    expectNear(split.result(b).floats(), want, 0, "token block " + std::to_string(b));
+  }
+  KernelCall concat(registry(), "concat_tokens");
+  for (int b = 0; b < 3; ++b)
+    concat.input(split.result(b));
+  concat.output(plan::F32, {7, 3});
+  concat.run();
+  expectNear(concat.result(0).floats(), std::vector<double>(all.begin(), all.end()), 0, "concat_tokens");
+  // Expert indices split alike (any dtype: the rows are copied as bytes).
+  KernelCall indices(registry(), "token_blocks");
+  indices.input(indexTensor(plan::I64, {3, 2}, {1, 2, 3, 4, 5, 6})).output(plan::I64, {1, 2}).output(plan::I64, {2, 2});
+  indices.run();
+  EXPECT_EQ(indices.result(0).indices(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(indices.result(1).indices(), (std::vector<int64_t>{3, 4, 5, 6}));
+  // Blocks that are not the split's rows fail, naming the block and the rows it must be.
+  KernelCall wrong(registry(), "token_blocks");
+  wrong.input(randomTensor({7, 3}, 31)).output(plan::F32, {4, 3}).output(plan::F32, {3, 3});
+  EXPECT_THAT(failureOf(wrong), HasSubstr("block 0 of 2 must be rows [0, 3) of [7,3] in the same dtype, got [4,3]"));
+  KernelCall one(registry(), "concat_tokens");
+  one.input(randomTensor({2, 3}, 32)).output(plan::F32, {2, 3});
+  EXPECT_THAT(failureOf(one), HasSubstr("expected at least 2 blocks in and one output"));
+}
+
 /// accumulate_grad adds into its output, so it runs on a hand-made context
 /// (KernelCall zeroes outputs first).
 void runAccumulate(OwnedTensor &grad, OwnedTensor &acc) {

@@ -441,6 +441,22 @@ void microbatch(KernelContext &ctx) {
     ctx.fail(std::string("microbatch: ") + cudaGetErrorString(status));
 }
 
+/// token_blocks and concat_tokens: each block's rows copied out of or into the whole tensor,
+/// ordered with the kernels.
+void tokenBlocks(KernelContext &ctx) {
+  bool split = ctx.kernel == "token_blocks";
+  std::vector<std::pair<size_t, size_t>> copies = checks::core::tokenBlockBytes(ctx);
+  char *whole = static_cast<char *>(split ? ctx.in(0).data : ctx.out(0).data);
+  for (size_t b = 0; b < copies.size(); ++b) {
+    auto [offset, bytes] = copies[b];
+    void *dst = split ? ctx.out(b).data : whole + offset;
+    const void *src = split ? whole + offset : ctx.in(b).data;
+    cudaError_t status = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(ctx.stream));
+    if (status != cudaSuccess)
+      ctx.fail(ctx.kernel + ": " + cudaGetErrorString(status));
+  }
+}
+
 /// The one kernel that accumulates: acc += g, in f32, rounded once to acc's storage type.
 void accumulateGrad(KernelContext &ctx) {
   const TensorRef &grad = ctx.in(0), &acc = ctx.out(0);
@@ -466,6 +482,9 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("split.backward", splitBackward);
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
+  // Block copies write every byte of their outputs.
+  registry.add("token_blocks", tokenBlocks, OutputInit::Any);
+  registry.add("concat_tokens", tokenBlocks, OutputInit::Any);
   registry.add("accumulate_grad", accumulateGrad);
 }
 

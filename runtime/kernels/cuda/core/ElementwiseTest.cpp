@@ -219,6 +219,32 @@ TEST(CudaMicrobatch, MatchesCpu) {
         "microbatch " + shapeText(c.in) + " -> " + shapeText(c.out));
 }
 
+TEST(CudaTokenBlocks, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  // An MoE block's hidden rows in two blocks (4096 tokens) and uneven ones (1001 rows in 3),
+  // then the blocks joined again.
+  for (const auto &[rows, blocks] : std::vector<std::pair<int64_t, int64_t>>{{4096, 2}, {1001, 3}}) {
+    expectMatchesCpu(
+        [&, rows = rows, blocks = blocks] {
+          KernelCall call(registry(), "token_blocks");
+          call.input(randomTensor({rows, 64}, 6));
+          for (int64_t b = 0; b < blocks; ++b)
+            call.output(plan::F32, {(b + 1) * rows / blocks - b * rows / blocks, 64});
+          return call;
+        },
+        "token_blocks " + std::to_string(rows) + " rows in " + std::to_string(blocks));
+    expectMatchesCpu(
+        [&, rows = rows, blocks = blocks] {
+          KernelCall call(registry(), "concat_tokens");
+          for (int64_t b = 0; b < blocks; ++b)
+            call.input(randomTensor({(b + 1) * rows / blocks - b * rows / blocks, 64}, 7 + static_cast<uint64_t>(b)));
+          call.output(plan::F32, {rows, 64});
+          return call;
+        },
+        "concat_tokens " + std::to_string(rows) + " rows from " + std::to_string(blocks));
+  }
+}
+
 TEST(CudaSplit, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (const SplitCase &c : kSplitCases)
