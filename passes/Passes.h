@@ -13,6 +13,7 @@
 #include "passes/inject_lora/InjectLoRA.h"
 #include "passes/plan_memory/PlanMemory.h"
 #include "passes/propagate_sharding/PropagateSharding.h"
+#include "passes/schedule_overlap/ScheduleOverlap.h"
 #include "passes/schedule_pipeline/SchedulePipeline.h"
 #include "passes/sync_gradients/SyncGradients.h"
 
@@ -26,6 +27,7 @@ inline void registerAllPasses() {
   registerSyncGradientsPass();
   registerFusePass();
   registerSchedulePipelinePass();
+  registerScheduleOverlapPass();
   registerPlanMemoryPass();
 }
 

@@ -54,6 +54,9 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
     pipeline.microBatches = options.pipelineMicroBatches;
     model.addPass(passes::createSchedulePipelinePass(pipeline));
   }
+  // Streams last: the order of every function and template is final.
+  if (!options.mesh.empty() && options.overlap)
+    model.addPass(passes::createScheduleOverlapPass());
   passes::PlanMemoryPassOptions memory;
   memory.seqLen = options.seqLen;
   memory.microBatch = options.microBatch;

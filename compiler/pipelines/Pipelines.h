@@ -76,6 +76,10 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
                               llvm::cl::desc("With ep > 1: each MoE block's expert exchange on this many "
                                              "blocks of its tokens (1: whole)"),
                               llvm::cl::init(1)};
+  Option<bool> overlap{*this, "overlap",
+                       llvm::cl::desc("On a mesh: the expert exchange and the gradient sums on a second "
+                                      "stream (--moe-schedule-overlap)"),
+                       llvm::cl::init(false)};
   Option<int64_t> pipelineMicroBatches{
       *this, "pipeline-micro-batches",
       llvm::cl::desc("Micro-batches per step on a pipeline (mesh pp > 1; 0: 2 x pp)"), llvm::cl::init(0)};

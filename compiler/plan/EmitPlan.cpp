@@ -102,7 +102,8 @@ ArrayRef<int64_t> placementOf(moe::ModelOp model, int layer) {
 
 plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::string> &groupKeys) {
   plan::Rank rank;
-  rank.set_num_streams(1);
+  rank.set_num_streams(static_cast<uint32_t>(program.numStreams));
+  rank.set_num_events(static_cast<uint32_t>(program.numEvents));
   for (auto [role, bytes] : program.arenaBytes()) {
     plan::Arena *arena = rank.add_arenas();
     arena->set_role(role);
@@ -132,10 +133,15 @@ plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::s
   }
   for (const ProgramStep &step : program.steps) {
     plan::Step *s = rank.add_steps();
-    s->set_stream(0);
+    s->set_stream(static_cast<uint32_t>(step.stream));
     s->set_phase(step.phase);
     s->set_layer(step.layer);
     s->set_origin(step.origin);
+    if (step.event != ProgramStep::Event::None) {
+      plan::Event *event = step.event == ProgramStep::Event::Record ? s->mutable_record() : s->mutable_wait();
+      event->set_id(static_cast<uint32_t>(step.eventId));
+      continue;
+    }
     if (!step.collective.empty()) {
       plan::Collective::Kind kind = collectiveKind(step.collective);
       plan::Collective *collective = s->mutable_collective();
@@ -170,7 +176,8 @@ plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::s
       launch->add_outputs(static_cast<uint32_t>(id));
     bool backward = StringRef(step.kernel).ends_with(".backward");
     for (NamedAttribute attr : step.attrs) {
-      if (attr.getName() == "recomputed" || attr.getName() == moe::kPipelineBackwardAttr)
+      if (attr.getName() == "recomputed" || attr.getName() == moe::kPipelineBackwardAttr ||
+          attr.getName() == moe::kStreamAttr)
         continue;
       // A backward's own groups are (inputs, outputs, output grads); its forward's are
       // under forward_attrs.

@@ -64,6 +64,158 @@ int64_t scratchOf(Operation *op, const ProgramStep &step, const Program &program
       static_cast<bool>(backward), weightGradBf16);
 }
 
+//===----------------------------------------------------------------------===//
+// Streams: events between them, and live ranges that wait for every stream
+//===----------------------------------------------------------------------===//
+
+/// For each stream, the index of the last step of every stream known to be complete before
+/// the stream's next step runs (-1: none). Streams run their steps in order, so knowing step
+/// i of stream t complete means every earlier step of t is.
+using Clock = std::vector<int>;
+
+void mergeClock(Clock &into, const Clock &from) {
+  for (size_t t = 0; t < into.size(); ++t)
+    into[t] = std::max(into[t], from[t]);
+}
+
+/// Inserts the events that order every pair of steps on different streams where one writes a
+/// buffer the other reads or writes: a record right after the earlier step (so a wait never
+/// waits for later work on that stream) and a wait before the later one, unless what the
+/// later step's stream already waited for covers it.
+void insertEvents(Program &program) {
+  const int streams = program.numStreams;
+  std::vector<ProgramStep> &steps = program.steps;
+  std::vector<Clock> clock(streams, Clock(streams, -1));
+  std::vector<Clock> after(steps.size());         // the step's stream's clock right after it
+  std::vector<int> eventAfter(steps.size(), -1);  // the event recorded right after a step
+  std::vector<std::vector<int>> waitsBefore(steps.size());
+  struct Access {
+    int lastWrite = -1;
+    std::vector<int> reads; // since the last write
+  };
+  std::vector<Access> access(program.buffers.size());
+  int events = 0;
+  for (size_t j = 0; j < steps.size(); ++j) {
+    const int s = steps[j].stream;
+    std::vector<int> earlier;
+    for (int id : steps[j].inputs)
+      if (access[id].lastWrite >= 0)
+        earlier.push_back(access[id].lastWrite);
+    for (int id : steps[j].outputs) {
+      if (access[id].lastWrite >= 0)
+        earlier.push_back(access[id].lastWrite);
+      llvm::append_range(earlier, access[id].reads);
+    }
+    for (int i : earlier) {
+      const int t = steps[i].stream;
+      if (t == s || clock[s][t] >= i)
+        continue;
+      if (eventAfter[i] < 0)
+        eventAfter[i] = events++;
+      waitsBefore[j].push_back(eventAfter[i]);
+      mergeClock(clock[s], after[i]);
+    }
+    clock[s][s] = static_cast<int>(j);
+    after[j] = clock[s];
+    for (int id : steps[j].inputs)
+      access[id].reads.push_back(static_cast<int>(j));
+    for (int id : steps[j].outputs) {
+      access[id].lastWrite = static_cast<int>(j);
+      access[id].reads.clear();
+    }
+  }
+  std::vector<ProgramStep> ordered;
+  ordered.reserve(steps.size() + 2 * static_cast<size_t>(events));
+  auto eventStep = [&](const ProgramStep &near, ProgramStep::Event kind, int id) {
+    ProgramStep e;
+    e.stream = near.stream;
+    e.event = kind;
+    e.eventId = id;
+    e.phase = near.phase;
+    e.layer = near.layer;
+    e.origin = near.origin;
+    return e;
+  };
+  for (size_t j = 0; j < steps.size(); ++j) {
+    for (int id : waitsBefore[j])
+      ordered.push_back(eventStep(steps[j], ProgramStep::Event::Wait, id));
+    ordered.push_back(std::move(steps[j]));
+    if (eventAfter[j] >= 0)
+      ordered.push_back(eventStep(ordered.back(), ProgramStep::Event::Record, eventAfter[j]));
+  }
+  steps = std::move(ordered);
+  program.numEvents = events;
+}
+
+/// Each step's stream's clock just before the step runs, from the plan's record and wait
+/// steps.
+std::vector<Clock> clocksBeforeSteps(const Program &program) {
+  const int streams = program.numStreams;
+  std::vector<Clock> clock(streams, Clock(streams, -1)), before(program.steps.size());
+  std::vector<Clock> recorded(static_cast<size_t>(program.numEvents), Clock(streams, -1));
+  for (size_t j = 0; j < program.steps.size(); ++j) {
+    const ProgramStep &step = program.steps[j];
+    const int s = step.stream;
+    if (step.event == ProgramStep::Event::Wait)
+      mergeClock(clock[s], recorded[step.eventId]);
+    before[j] = clock[s];
+    clock[s][s] = static_cast<int>(j);
+    if (step.event == ProgramStep::Event::Record)
+      recorded[step.eventId] = clock[s];
+  }
+  return before;
+}
+
+/// A buffer's memory may go to another only once every stream has waited for the buffer's
+/// last use there: its live range ends just before, on each stream, the first later step that
+/// its last use on every other stream is known complete before (the program's end if none).
+void extendLiveRangesOverStreams(Program &program) {
+  const int streams = program.numStreams;
+  const int numSteps = static_cast<int>(program.steps.size());
+  std::vector<Clock> before = clocksBeforeSteps(program);
+  std::vector<Clock> lastUse(program.buffers.size(), Clock(streams, -1));
+  for (int j = 0; j < numSteps; ++j)
+    for (const std::vector<int> *ids : {&program.steps[j].inputs, &program.steps[j].outputs})
+      for (int id : *ids)
+        lastUse[id][program.steps[j].stream] = j;
+  std::vector<std::vector<int>> onStream(streams);
+  for (int j = 0; j < numSteps; ++j)
+    onStream[program.steps[j].stream].push_back(j);
+  // The last step each layer instance's workspace was planned to the end of.
+  std::map<int, int> instanceEnd;
+  for (const ProgramBuffer &buffer : program.buffers)
+    if (buffer.role == plan::WORKSPACE)
+      instanceEnd[buffer.instance] = std::max(instanceEnd[buffer.instance], buffer.last);
+  for (auto [id, buffer] : llvm::enumerate(program.buffers)) {
+    if (buffer.role != plan::ACTIVATION && buffer.role != plan::WORKSPACE)
+      continue;
+    const Clock &uses = lastUse[id];
+    int end = buffer.last;
+    for (int s = 0; s < streams; ++s) {
+      const std::vector<int> &mine = onStream[s];
+      auto first = std::upper_bound(mine.begin(), mine.end(), buffer.last), j = first;
+      auto covered = [&](int step) {
+        for (int t = 0; t < streams; ++t)
+          if (t != s && uses[t] >= 0 && before[step][t] < uses[t])
+            return false;
+        return true;
+      };
+      while (j != mine.end() && !covered(*j))
+        ++j;
+      if (j == first)
+        continue; // no step of this stream after the last use, or the first one is covered
+      end = std::max(end, j == mine.end() ? numSteps - 1 : *j - 1);
+    }
+    buffer.last = end;
+    // A layer's workspace shares its offsets with the template's other instances, which
+    // assumes it is free once the layer's steps are: past them, the buffer is an activation.
+    if (buffer.role == plan::WORKSPACE && end > instanceEnd[buffer.instance]) {
+      buffer.role = plan::ACTIVATION;
+      buffer.instance = -1;
+    }
+  }
+}
+
 class Flattener {
 public:
   Flattener(Program &program, moe::ModelOp model) : program(program), model(model) {}
@@ -98,7 +250,18 @@ public:
       loss.name = ret.getNumOperands() == 1 ? "loss" : "loss." + std::to_string(i);
       loss.role = plan::INPUT;
     }
+    if (auto streams = model->getAttrOfType<IntegerAttr>(moe::kStreamsAttr))
+      program.numStreams = static_cast<int>(streams.getInt());
+    for (const ProgramStep &added : program.steps)
+      if (added.stream < 0 || added.stream >= program.numStreams)
+        return model.emitError("a step of ") << added.origin << " is on stream " << added.stream
+                                             << ", but the model has " << program.numStreams
+                                             << " (its `streams` attribute)";
+    if (program.numStreams > 1)
+      insertEvents(program);
     computeLiveRanges();
+    if (program.numStreams > 1)
+      extendLiveRangesOverStreams(program);
     return success();
   }
 
@@ -455,6 +618,8 @@ private:
     if (context.layer >= 0)
       os << " in @" << cast<moe::LayerOp>(context.symbols).getSymName() << "[" << context.layer << "]";
     step.origin = origin;
+    if (auto stream = op->getAttrOfType<IntegerAttr>(moe::kStreamAttr))
+      step.stream = static_cast<int>(stream.getInt());
     step.flops = estimateFlops(op, step, program);
     step.scratchBytes = scratchOf(op, step, program);
     program.steps.push_back(std::move(step));

@@ -78,6 +78,12 @@ struct ProgramStep {
   /// Scratch memory the kernel allocates for itself while it runs (the fused LM head's
   /// chunk of logits); 0 for kernels whose temporaries the plan does not count.
   int64_t scratchBytes = 0;
+  /// The stream the host issues the step on (the op's moe.stream; 0 without).
+  int stream = 0;
+  /// An event step (no kernel, no collective, no buffers): Record marks the point after the
+  /// work issued on its stream so far, Wait makes its stream wait for that point.
+  enum class Event { None, Record, Wait } event = Event::None;
+  int eventId = -1;
 };
 
 struct Program {
@@ -86,6 +92,8 @@ struct Program {
   /// all); 1 otherwise.
   int64_t microBatches = 1;
   int stage = 0;
+  /// Streams (the model's `streams`, --moe-schedule-overlap) and events between them.
+  int numStreams = 1, numEvents = 0;
   std::vector<ProgramBuffer> buffers;
   std::vector<ProgramStep> steps;
   /// Template name of each layer instance, to share workspace offsets.

@@ -245,6 +245,11 @@ int runCompile(int argc, char **argv) {
       cl::desc("With ep > 1: run each MoE block's expert exchange on N blocks of its tokens, so that "
                "one block's exchange can overlap another's experts (1: the whole batch at once)"),
       cl::init(1));
+  cl::opt<bool> overlap(
+      "overlap",
+      cl::desc("On a mesh: issue the expert exchange and the per-layer gradient sums on a second stream, "
+               "so that they run while other work computes (--moe-schedule-overlap); with ep > 1 it "
+               "implies --token-blocks 2 unless that is given"));
   cl::opt<std::string> expertPlacement(
       "expert-placement", cl::value_desc("FILE"),
       cl::desc("With ep > 1: which experts each ep rank holds, per MoE layer: "
@@ -344,7 +349,10 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.pipelineMicroBatches = pipelineMicroBatches;
   options.epExchange = epExchange;
-  options.tokenBlocks = tokenBlocks;
+  options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
+  options.overlap = overlap;
+  if (overlap && mesh.single())
+    errs() << "moec: warning: --overlap has no effect without a --mesh\n";
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)
     errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;

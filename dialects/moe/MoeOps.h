@@ -38,6 +38,10 @@ constexpr llvm::StringLiteral kTpPartialGradAttr = "moe.tp_partial_grad";
 /// ep when an expert placement replicates experts: each rank holds this many experts (more
 /// than E / ep), its leading dimension in getLocalType().
 constexpr llvm::StringLiteral kEpRowsAttr = "moe.ep_rows";
+/// The stream an op's step is issued on (--moe-schedule-overlap; absent: stream 0), and on the
+/// model how many streams its plan has.
+constexpr llvm::StringLiteral kStreamAttr = "moe.stream";
+constexpr llvm::StringLiteral kStreamsAttr = "streams";
 } // namespace moec::moe
 
 #include "dialects/moe/MoeInterfaces.h.inc"

@@ -433,6 +433,9 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
       if (profile)
         profile->add(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
+    // Record and wait steps order a plan's streams (--moe-schedule-overlap). Every device here
+    // issues all steps in list order on one stream, which any plan the validator accepts allows,
+    // so they need nothing (the CUDA device does not run a second stream yet).
     if (afterStep)
       afterStep(s);
   }

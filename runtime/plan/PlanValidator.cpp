@@ -11,6 +11,7 @@
 #include <queue>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -272,8 +273,11 @@ public:
     checkBuffers();
     checkOverlaps();
     checkBindings();
+    size_t before = problems.total();
     checkSteps();
     checkPlacedBindings();
+    if (rank.num_streams() > 1 && problems.total() == before)
+      checkStreamOrder();
   }
 
 private:
@@ -696,6 +700,117 @@ private:
       case Step::KIND_NOT_SET:
         problems.add(at, "kind is not set, expected launch, collective, record or wait");
         break;
+      }
+    }
+  }
+
+  /// The buffers a step reads and writes (a collective in place reads and writes its buffers).
+  void accessesOf(const Step &step, std::vector<uint32_t> &reads, std::vector<uint32_t> &writes) const {
+    reads.clear();
+    writes.clear();
+    if (step.has_launch()) {
+      reads.assign(step.launch().inputs().begin(), step.launch().inputs().end());
+      writes.assign(step.launch().outputs().begin(), step.launch().outputs().end());
+    } else if (step.has_collective()) {
+      reads.assign(step.collective().inputs().begin(), step.collective().inputs().end());
+      writes.assign(step.collective().outputs().begin(), step.collective().outputs().end());
+    }
+  }
+
+  // With several streams, list order orders only steps of one stream; steps of two are ordered
+  // by an event recorded after the earlier and waited for before the later. Vector clocks say
+  // which: clock[s][t] is the last step of stream t known complete before stream s's next step.
+  // (1) Two steps on different streams where one writes what the other reads or writes must be
+  // ordered. (2) An activation or workspace buffer's live range (which the overlap check above
+  // relies on) must last until every stream has waited for its last use on every other stream:
+  // a step of one stream could otherwise run on its bytes while another still uses them.
+  void checkStreamOrder() {
+    const int streams = static_cast<int>(rank.num_streams()), n = numSteps();
+    using Clock = std::vector<int>;
+    auto merge = [](Clock &into, const Clock &from) {
+      for (size_t t = 0; t < into.size(); ++t)
+        into[t] = std::max(into[t], from[t]);
+    };
+    std::vector<Clock> clock(streams, Clock(streams, -1)), before(n);
+    std::unordered_map<uint32_t, Clock> recorded;
+    for (int j = 0; j < n; ++j) {
+      const Step &step = rank.steps(j);
+      int s = static_cast<int>(step.stream());
+      if (step.has_wait())
+        merge(clock[s], recorded.at(step.wait().id()));
+      before[j] = clock[s];
+      clock[s][s] = j;
+      if (step.has_record())
+        recorded[step.record().id()] = clock[s];
+    }
+    auto ordered = [&](int i, int j) { // step i before step j (i < j)
+      int t = static_cast<int>(rank.steps(i).stream());
+      return t == static_cast<int>(rank.steps(j).stream()) || before[j][t] >= i;
+    };
+    struct Access {
+      int lastWrite = -1;
+      std::vector<int> reads; // since the last write
+    };
+    std::vector<Access> access(rank.buffers_size());
+    std::vector<Clock> lastUse(rank.buffers_size(), Clock(streams, -1));
+    std::vector<uint32_t> reads, writes;
+    auto race = [&](int i, int j, uint32_t id, const char *what) {
+      problems.add(stepWhere(index, j, rank.steps(j)), ": on stream ", rank.steps(j).stream(), " ", what, " ",
+                   bufferRef(id, rank.buffers(id)), ", which step ", i, " on stream ", rank.steps(i).stream(),
+                   " uses, with no event ordering the two");
+    };
+    for (int j = 0; j < n; ++j) {
+      accessesOf(rank.steps(j), reads, writes);
+      for (uint32_t id : reads)
+        if (int w = access[id].lastWrite; w >= 0 && !ordered(w, j))
+          race(w, j, id, "reads");
+      for (uint32_t id : writes) {
+        bool read = std::find(reads.begin(), reads.end(), id) != reads.end(); // in place: reported once
+        if (int w = access[id].lastWrite; w >= 0 && !read && !ordered(w, j))
+          race(w, j, id, "writes");
+        for (int r : access[id].reads)
+          if (r != j && !ordered(r, j))
+            race(r, j, id, "writes");
+      }
+      int s = static_cast<int>(rank.steps(j).stream());
+      for (uint32_t id : reads) {
+        access[id].reads.push_back(j);
+        lastUse[id][s] = j;
+      }
+      for (uint32_t id : writes) {
+        access[id].lastWrite = j;
+        access[id].reads.clear();
+        lastUse[id][s] = j;
+      }
+    }
+    std::vector<std::vector<int>> onStream(streams);
+    for (int j = 0; j < n; ++j)
+      onStream[rank.steps(j).stream()].push_back(j);
+    for (int id = 0; id < rank.buffers_size(); ++id) {
+      const Buffer &buffer = rank.buffers(id);
+      if (buffer.role() != ACTIVATION && buffer.role() != WORKSPACE)
+        continue;
+      const Clock &uses = lastUse[id];
+      int last = *std::max_element(uses.begin(), uses.end());
+      if (last < 0)
+        continue;
+      for (int s = 0; s < streams; ++s) {
+        // The first step of stream s after the buffer's last use that waited for all its uses.
+        auto j = std::upper_bound(onStream[s].begin(), onStream[s].end(), last);
+        auto waited = [&](int step) {
+          for (int t = 0; t < streams; ++t)
+            if (t != s && uses[t] >= 0 && before[step][t] < uses[t])
+              return false;
+          return true;
+        };
+        int unsafeUntil = -1; // the last step of s that may run while the buffer is in use
+        for (; j != onStream[s].end() && !waited(*j); ++j)
+          unsafeUntil = *j;
+        if (unsafeUntil > buffer.last_step())
+          problems.add(bufferWhere(index, id, buffer), ": live range ends at step ", buffer.last_step(),
+                       ", but step ", unsafeUntil, " on stream ", s,
+                       " may run before its last use on another stream completes; its memory must stay "
+                       "reserved until then");
       }
     }
   }

@@ -248,6 +248,19 @@ TEST_F(PlanValidatorTest, RejectsBadEvent) {
   EXPECT_THAT(message, HasSubstr("rank 0, step 3 (wait): wait.id is 0, expected an event recorded by an earlier step"));
 }
 
+TEST_F(PlanValidatorTest, RejectsStepsOfTwoStreamsThatNoEventOrders) {
+  // Step 3 records instead of waiting: stream 1's all-reduce of %13 (step 4) no longer waits
+  // for stream 0's linear that writes it (step 1), and stream 1 may run on while %12's last
+  // use on stream 0 (step 1) is still going.
+  step0(3).clear_wait();
+  step0(3).mutable_record()->set_id(0);
+  std::string message = messageOf(plan);
+  EXPECT_THAT(message, HasSubstr("rank 0, step 4 (all_reduce): on stream 1 reads buffer 13 \"layer0.q\", which "
+                                 "step 1 on stream 0 uses, with no event ordering the two"));
+  EXPECT_THAT(message, HasSubstr("live range ends at step 1, but step 9 on stream 1 may run before its last use on "
+                                 "another stream completes"));
+}
+
 TEST_F(PlanValidatorTest, RejectsWaitOnAnUnknownEvent) {
   step0(3).mutable_wait()->set_id(1);
   EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 3 (wait): wait.id is 1, expected < num_events (1)"));
