@@ -24,9 +24,9 @@ def ScheduleOverlapPass : Pass<"moe-schedule-overlap", "::moec::moe::ModelOp"> {
     writes what a step on the other stream wrote or read waits for an event
     recorded right after that step (never for more work on that stream than
     it needs), and a buffer's memory is reused only once every stream has
-    waited for its last use. The reductions in place and the tensor- and
-    pipeline-parallel exchanges (whose results the next op needs at once)
-    stay on stream 0.
+    waited for its last use. The tensor-parallel all-reduces and the
+    pipeline exchanges (whose results the next op needs at once) stay on
+    stream 0.
 
     A model without those collectives (one rank, or only tp/pp) is left as
     it is, with a warning.

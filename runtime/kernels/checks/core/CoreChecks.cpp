@@ -186,7 +186,7 @@ std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx) {
   return {static_cast<size_t>(index) * bytes, bytes};
 }
 
-std::vector<std::pair<size_t, size_t>> tokenBlockBytes(const KernelContext &ctx) {
+std::vector<BlockCopy> tokenBlockCopies(const KernelContext &ctx) {
   bool split = ctx.kernel == "token_blocks";
   const std::vector<TensorRef> &blocks = split ? ctx.outputs : ctx.inputs;
   if ((split ? ctx.inputs : ctx.outputs).size() != 1 || blocks.size() < 2)
@@ -200,7 +200,8 @@ std::vector<std::pair<size_t, size_t>> tokenBlockBytes(const KernelContext &ctx)
   for (int64_t d = 1; d < whole.rank(); ++d)
     rowBytes *= static_cast<size_t>(whole.dim(d));
   int64_t count = static_cast<int64_t>(blocks.size());
-  std::vector<std::pair<size_t, size_t>> copies;
+  char *base = static_cast<char *>(whole.data);
+  std::vector<BlockCopy> copies;
   for (int64_t b = 0; b < count; ++b) {
     const TensorRef &block = blocks[b];
     int64_t first = b * rows / count, last = (b + 1) * rows / count;
@@ -210,7 +211,9 @@ std::vector<std::pair<size_t, size_t>> tokenBlockBytes(const KernelContext &ctx)
       ctx.fail("block " + std::to_string(b) + " of " + std::to_string(count) + " must be rows [" +
                std::to_string(first) + ", " + std::to_string(last) + ") of " + shapeText(whole.shape) +
                " in the same dtype, got " + shapeText(block.shape));
-    copies.emplace_back(static_cast<size_t>(first) * rowBytes, static_cast<size_t>(last - first) * rowBytes);
+    char *rowsInWhole = base + static_cast<size_t>(first) * rowBytes;
+    size_t bytes = static_cast<size_t>(last - first) * rowBytes;
+    copies.push_back(split ? BlockCopy{block.data, rowsInWhole, bytes} : BlockCopy{rowsInWhole, block.data, bytes});
   }
   return copies;
 }

@@ -93,11 +93,17 @@ AdamWConstants adamwLaunch(const KernelContext &ctx);
 /// of its input, or for a scalar result element `index`): (byte offset, bytes) to copy.
 std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx);
 
+/// One contiguous copy of a `token_blocks` or `concat_tokens` launch.
+struct BlockCopy {
+  void *dst;
+  const void *src;
+  size_t bytes;
+};
 /// The `token_blocks` launch (one input, N >= 2 blocks out) and `concat_tokens` (the blocks in,
 /// one output): block b is rows [b n / N, (b + 1) n / N) of the whole tensor's n rows, every
-/// block with the whole's dtype and trailing dimensions. Returns each block's (byte offset in
-/// the whole, bytes), to copy.
-std::vector<std::pair<size_t, size_t>> tokenBlockBytes(const KernelContext &ctx);
+/// block with the whole's dtype and trailing dimensions. Returns the copies that make the
+/// outputs, one per block (each backend only copies).
+std::vector<BlockCopy> tokenBlockCopies(const KernelContext &ctx);
 
 } // namespace moec::runtime::checks::core
 

@@ -281,16 +281,8 @@ void microbatch(KernelContext &ctx) {
 
 /// token_blocks and concat_tokens: each block's rows copied out of or into the whole tensor.
 void tokenBlocks(KernelContext &ctx) {
-  bool split = ctx.kernel == "token_blocks";
-  std::vector<std::pair<size_t, size_t>> copies = checks::core::tokenBlockBytes(ctx);
-  char *whole = static_cast<char *>(split ? ctx.in(0).data : ctx.out(0).data);
-  for (size_t b = 0; b < copies.size(); ++b) {
-    auto [offset, bytes] = copies[b];
-    if (split)
-      std::memcpy(ctx.out(b).data, whole + offset, bytes);
-    else
-      std::memcpy(whole + offset, ctx.in(b).data, bytes);
-  }
+  for (const checks::core::BlockCopy &copy : checks::core::tokenBlockCopies(ctx))
+    std::memcpy(copy.dst, copy.src, copy.bytes);
 }
 
 /// The one kernel that accumulates: acc += g (the executor zeroes gradients once per step).

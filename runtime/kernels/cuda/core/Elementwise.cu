@@ -444,17 +444,11 @@ void microbatch(KernelContext &ctx) {
 /// token_blocks and concat_tokens: each block's rows copied out of or into the whole tensor,
 /// ordered with the kernels.
 void tokenBlocks(KernelContext &ctx) {
-  bool split = ctx.kernel == "token_blocks";
-  std::vector<std::pair<size_t, size_t>> copies = checks::core::tokenBlockBytes(ctx);
-  char *whole = static_cast<char *>(split ? ctx.in(0).data : ctx.out(0).data);
-  for (size_t b = 0; b < copies.size(); ++b) {
-    auto [offset, bytes] = copies[b];
-    void *dst = split ? ctx.out(b).data : whole + offset;
-    const void *src = split ? whole + offset : ctx.in(b).data;
-    cudaError_t status = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(ctx.stream));
-    if (status != cudaSuccess)
+  for (const checks::core::BlockCopy &copy : checks::core::tokenBlockCopies(ctx))
+    if (cudaError_t status = cudaMemcpyAsync(copy.dst, copy.src, copy.bytes, cudaMemcpyDeviceToDevice,
+                                             static_cast<cudaStream_t>(ctx.stream));
+        status != cudaSuccess)
       ctx.fail(ctx.kernel + ": " + cudaGetErrorString(status));
-  }
 }
 
 /// The one kernel that accumulates: acc += g, in f32, rounded once to acc's storage type.
