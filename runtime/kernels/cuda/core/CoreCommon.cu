@@ -2,6 +2,10 @@
 
 #include "runtime/kernels/cuda/core/CoreCommon.cuh"
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
 #include "runtime/kernels/cuda/CudaGemm.h"
 #include "runtime/kernels/cuda/CudaKernels.h"
 #include "runtime/plan/PlanFormat.h"
@@ -172,30 +176,32 @@ constexpr int kPlanePairs = 6;
 __constant__ int kPlaneOfA[kPlanePairs] = {0, 0, 1, 0, 2, 1};
 __constant__ int kPlaneOfB[kPlanePairs] = {0, 1, 0, 2, 0, 1};
 
-/// Plane p (0 hi, 1 mid, 2 lo) of an f32 value (splitKernel's planes).
-__device__ __forceinline__ __nv_bfloat16 planeOf(float v, int p) {
-  __nv_bfloat16 hi = __float2bfloat16(v);
-  if (p == 0)
-    return hi;
-  float rest = isfinite(v) ? v - __bfloat162float(hi) : 0.0f;
-  __nv_bfloat16 mid = __float2bfloat16(rest);
-  return p == 1 ? mid : __float2bfloat16(rest - __bfloat162float(mid));
-}
-
 /// op(A) [m, k] as [m, 6k] bf16 (aSide; block q of k columns: plane kPlaneOfA[q]), or op(B)
 /// [k, n] as [6k, n] (block q of k rows: plane kPlaneOfB[q]); the f32 matrix has row stride ld.
-__global__ void stackPlanesKernel(const float *in, int64_t ld, bool trans, bool aSide, int64_t k,
-                                  int64_t other, __nv_bfloat16 *out) {
-  int64_t n = kPlanePairs * k * other;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    // aSide: out[r][q k + l] = plane(op(A)[r][l]); else out[q k + l][c] = plane(op(B)[l][c]).
-    int64_t row = i / (aSide ? kPlanePairs * k : other), col = i % (aSide ? kPlanePairs * k : other);
-    int64_t q = aSide ? col / k : row / k, l = aSide ? col % k : row % k, o = aSide ? row : col;
-    // op(A)[o][l] is A[o][l] (A[l][o] transposed); op(B)[l][o] is B[l][o] (B[o][l]).
-    bool rowIsO = aSide ? !trans : trans;
-    float v = rowIsO ? in[o * ld + l] : in[l * ld + o];
-    out[i] = planeOf(v, aSide ? kPlaneOfA[q] : kPlaneOfB[q]);
+/// A thread per value: it reads the value once and writes its six plane copies. Consecutive
+/// threads take consecutive values of the stored matrix's rows (reads are coalesced; so are the
+/// writes where the stored and the stacked layouts agree). 32-bit indices (the launch checks).
+__global__ void stackPlanesKernel(const float *in, uint32_t ld, bool trans, bool aSide, uint32_t k,
+                                  uint32_t other, __nv_bfloat16 *out) {
+  // The stored matrix has rows o and columns l when op() keeps them (aSide: !trans), else the reverse.
+  bool rowIsO = aSide ? !trans : trans;
+  uint32_t n = k * other;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint32_t o = rowIsO ? i / k : i % other, l = rowIsO ? i % k : i / other;
+    float v = rowIsO ? in[size_t(o) * ld + l] : in[size_t(l) * ld + o];
+    __nv_bfloat16 plane[3];
+    plane[0] = __float2bfloat16(v);
+    float rest = isfinite(v) ? v - __bfloat162float(plane[0]) : 0.0f; // inf / nan: the top plane alone
+    plane[1] = __float2bfloat16(rest);
+    plane[2] = __float2bfloat16(rest - __bfloat162float(plane[1]));
+#pragma unroll
+    for (int q = 0; q < kPlanePairs; ++q) {
+      __nv_bfloat16 p = plane[aSide ? kPlaneOfA[q] : kPlaneOfB[q]];
+      if (aSide) // out[o][q k + l]
+        out[size_t(o) * kPlanePairs * k + q * k + l] = p;
+      else // out[q k + l][o]
+        out[size_t(q * k + l) * other + o] = p;
+    }
   }
 }
 
@@ -207,10 +213,13 @@ void stackedPlaneProducts(const KernelContext &ctx, Workspace &ws, bool transA, 
                           const Matrix &b, int64_t ldb, float beta, void *c, plan::DType cType) {
   auto *aStack = ws.alloc<__nv_bfloat16>(kPlanePairs * k * m);
   auto *bStack = ws.alloc<__nv_bfloat16>(kPlanePairs * k * n);
-  stackPlanesKernel<<<gridFor(kPlanePairs * k * m), kThreads, 0, streamOf(ctx)>>>(
-      static_cast<const float *>(a.p), lda, transA, true, k, m, aStack);
-  stackPlanesKernel<<<gridFor(kPlanePairs * k * n), kThreads, 0, streamOf(ctx)>>>(
-      static_cast<const float *>(b.p), ldb, transB, false, k, n, bStack);
+  if (kPlanePairs * k * std::max(m, n) > int64_t(UINT32_MAX) || std::max(lda, ldb) > int64_t(UINT32_MAX))
+    ctx.fail("internal: f32 product of " + std::to_string(m) + " x " + std::to_string(n) +
+             " too large for the stacked bf16 planes");
+  stackPlanesKernel<<<gridFor(k * m), kThreads, 0, streamOf(ctx)>>>(static_cast<const float *>(a.p), lda, transA,
+                                                                     true, k, m, aStack);
+  stackPlanesKernel<<<gridFor(k * n), kThreads, 0, streamOf(ctx)>>>(static_cast<const float *>(b.p), ldb, transB,
+                                                                     false, k, n, bStack);
   checkLaunch(ctx, "stack bf16 planes");
   gemm(ctx, false, false, m, n, kPlanePairs * k, alpha, aStack, kPlanePairs * k, bStack, n, plan::BF16,
        beta, c, n, cType);
