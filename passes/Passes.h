@@ -10,6 +10,7 @@
 
 #include "passes/build_training_step/BuildTrainingStep.h"
 #include "passes/fuse/Fuse.h"
+#include "passes/fuse_lora/FuseLoRA.h"
 #include "passes/inject_lora/InjectLoRA.h"
 #include "passes/plan_memory/PlanMemory.h"
 #include "passes/propagate_sharding/PropagateSharding.h"
@@ -26,6 +27,7 @@ inline void registerAllPasses() {
   registerBuildTrainingStepPass();
   registerSyncGradientsPass();
   registerFusePass();
+  registerFuseLoRAPass();
   registerSchedulePipelinePass();
   registerScheduleOverlapPass();
   registerPlanMemoryPass();

@@ -43,7 +43,10 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
     model.addPass(passes::createSyncGradientsPass());
   // After the step: the loss it builds is what the LM head fuses with (inject-lora never
   // adapts the head, so the pattern is the same with or without adapters).
+  // After the step too: the fused projections' backward stays the unfused ops' (the same sums
+  // in the same order, as the alignment tests hold them to PEFT's).
   if (options.fuse) {
+    model.addPass(passes::createFuseLoRAPass());
     passes::FusePassOptions fuse;
     fuse.chunkTokens = options.fuseChunkTokens;
     model.addPass(passes::createFusePass(fuse));

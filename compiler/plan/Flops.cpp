@@ -28,6 +28,8 @@ int64_t forwardFlops(StringRef kernel, const std::vector<const std::vector<int64
     return 2 * rows * dim(0, 1) * dim(1, 0);
   if (kernel == "lora")
     return 2 * rows * dim(1, 0) * (dim(1, 1) + dim(2, 0));
+  if (kernel == "lora_linear") // the projection, then the update
+    return 2 * rows * dim(1, 0) * dim(1, 1) + 2 * rows * dim(2, 0) * (dim(2, 1) + dim(3, 0));
   if (kernel == "router")
     return 2 * rows * dim(0, 1) * dim(1, 0);
   if (kernel == "expert_mlp" || kernel == "expert_mlp_combine") { // (the combine's operands are 2-D)
@@ -103,6 +105,16 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
     if (backward.getOutputs().size() == 3)
       return llvm::is_contained(backward.getGradOfInputs(), 1) ? 2 * forward : 0;
     return forward * (1 + static_cast<int64_t>(backward.getGradOfInputs().size()));
+  }
+  // A projection with its adapter: the projection's products for the input's and the weight's
+  // gradients, the adapter's as lora.backward's (two products' worth for any of its gradients).
+  if (kernel == "lora_linear") {
+    int64_t rows = shapes[0]->empty() ? 0 : (*shapes[0])[0];
+    int64_t projection = 2 * rows * (*shapes[1])[0] * (*shapes[1])[1], adapter = forward - projection;
+    auto wants = [&](int64_t operand) {
+      return static_cast<int64_t>(llvm::is_contained(backward.getGradOfInputs(), operand));
+    };
+    return projection * (wants(0) + wants(1)) + adapter * std::min<int64_t>(2, wants(0) + wants(2) + wants(3));
   }
   // An expert MLP's backward with its combine's: the router weights' gradient costs a dot per row.
   int64_t grads = static_cast<int64_t>(backward.getGradOfInputs().size());

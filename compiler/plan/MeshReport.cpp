@@ -130,11 +130,16 @@ Facts analyze(const Program &program) {
       return {Axis::Tp, 0}; // vocab-parallel
     if (kernel == "linear" && operand == 1 && buffer.shape.size() == 2)
       return {Axis::Tp, rowParallel(buffer.shape[0], step.inputs[0]) ? 1 : 0};
-    if (kernel == "lora" && (operand == 1 || operand == 2) && step.inputs.size() >= 3) {
+    if (kernel == "lora_linear" && operand == 1 && buffer.shape.size() == 2) // the projection's weight
+      return {Axis::Tp, rowParallel(buffer.shape[0], step.inputs[0]) ? 1 : 0};
+    // lora's A and B are operands 1 and 2, lora_linear's 2 and 3.
+    size_t firstFactor = kernel == "lora" ? 1 : kernel == "lora_linear" ? 2 : 0;
+    if (firstFactor && (operand == firstFactor || operand == firstFactor + 1) &&
+        step.inputs.size() >= firstFactor + 2) {
       // A [r, in], B [out, r]: the one on the base's split dimension splits, the other is whole.
-      const ProgramBuffer &b = buffers[step.inputs[2]];
+      const ProgramBuffer &b = buffers[step.inputs[firstFactor + 1]];
       bool row = b.shape.size() == 2 && rowParallel(b.shape[0], step.inputs[0]);
-      if (operand == 1)
+      if (operand == firstFactor)
         return row ? Split{Axis::Tp, 1} : Split{};
       return row ? Split{} : Split{Axis::Tp, 0};
     }

@@ -269,8 +269,9 @@ int runCompile(int argc, char **argv) {
                "weights' gradient: the expert outputs are not saved (less memory, fewer recomputed layers). "
                "Default: where the CUDA kernel has its one-pass form (bf16, gated SiLU, no bias or LoRA); "
                "=false never, =true always (elsewhere its kernels compute the expert outputs again)"));
-  cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off): the "
-                                           "plan then has the [tokens, vocab] logits"));
+  cl::opt<bool> noFuse("no-fuse", cl::desc("Keep the LM head and the loss apart (--moe-fuse off: the "
+                                           "plan then has the [tokens, vocab] logits), and each adapted "
+                                           "projection and its LoRA update (--moe-fuse-lora off)"));
   cl::opt<int64_t> fuseChunkTokens("fuse-chunk-tokens",
                                    cl::desc("Rows of logits the fused LM head and loss hold at a time"),
                                    cl::init(1024));

@@ -639,6 +639,35 @@ def Moe_LoRAOp : Moe_ComputeOp<"lora"> {
   let assemblyFormat = "$input `,` $lora_a `,` $lora_b attr-dict `:` functional-type(operands, results)";
 }
 
+def Moe_LoRALinearOp : Moe_ComputeOp<"lora_linear"> {
+  let summary = "A projection with its LoRA adapter in one: x W^T + scale * (x A^T) B^T (--moe-fuse-lora).";
+  let description = [{
+    What a `moe.linear` (no bias), the `moe.lora` of the same input and the
+    `moe.add` of the two compute, as one op: its kernel adds the low-rank
+    update onto the projection's output as it writes it (no f32 update
+    written and read back), and its backward adds the adapter's part of the
+    input gradient onto the projection's (no separate sum). `weight: [out,
+    in]`; `lora_a`, `lora_b`, `scale` and `dropout` as on `moe.lora`; the
+    result has the type the `moe.add` had (the projection's). `base_type`
+    is where the unfused ops rounded: the projection's own output, and its
+    own input gradient, are rounded to it before the adapter's part is added
+    (bf16 on a bf16 model, as PEFT's base layer rounds its output; absent:
+    f32).
+
+    ```mlir
+    %y = moe.lora_linear %x, %w, %a, %b {base_type = f32, scale = 2.0 : f64}
+        : (tensor<?x64xf32>, tensor<32x64xf32>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Moe_Tensor:$lora_a, Moe_Tensor:$lora_b,
+                   F64Attr:$scale, DefaultValuedAttr<F64Attr, "0.0">:$dropout,
+                   OptionalAttr<TypeAttrOf<AnyFloat>>:$base_type);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `,` $lora_a `,` $lora_b attr-dict `:` functional-type(operands, results)
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // Loss
 //===----------------------------------------------------------------------===//

@@ -547,6 +547,34 @@ LogicalResult LoRAOp::verify() {
                        "lora_b output features"));
 }
 
+LogicalResult LoRALinearOp::verify() {
+  Checker c(*this);
+  RankedTensorType w = tensorType(getWeight());
+  int64_t rank = tensorType(getLoraA()).getDimSize(0);
+  bool ok = c.rank("input", getInput(), 2) && c.rank("weight", getWeight(), 2) &&
+                 c.dim("weight", getWeight(), 1, tensorType(getInput()).getDimSize(1), "input features") &&
+                 c.sameElementType("input", getInput(), "weight", getWeight()) &&
+                 c.rank("lora_a", getLoraA(), 2) && c.rank("lora_b", getLoraB(), 2) &&
+                 c.dim("lora_a", getLoraA(), 1, w.getDimSize(1), "weight input features") &&
+                 c.dim("lora_b", getLoraB(), 0, w.getDimSize(0), "weight output features") &&
+                 c.dim("lora_b", getLoraB(), 1, rank, "adapter rank") &&
+                 c.sameElementType("lora_a", getLoraA(), "lora_b", getLoraB()) &&
+                 (tensorType(getLoraA()).getElementType().isF32() ||
+                  c.sameElementType("input", getInput(), "lora_a", getLoraA())) &&
+                 c.rank("result", getResult(), 2) &&
+                 c.sameDim("input", getInput(), 0, "result", getResult(), 0) &&
+                 c.dim("result", getResult(), 1, w.getDimSize(0), "weight output features") &&
+                 // f32 on narrower data: a tensor-parallel rank's partial sum, as moe.linear's.
+                 (tensorType(getResult()).getElementType().isF32() ||
+                  c.sameElementType("input", getInput(), "result", getResult()));
+  if (!ok)
+    return failure();
+  Type result = tensorType(getResult()).getElementType();
+  if (getBaseType() && *getBaseType() != result)
+    return emitOpError() << "base_type " << *getBaseType() << " differs from the result's " << result;
+  return success();
+}
+
 LogicalResult AddOp::verify() {
   Checker c(*this);
   auto lhs = tensorType(getLhs()), rhs = tensorType(getRhs());

@@ -32,8 +32,8 @@
 // Dispatched tokens: one row per (token, chosen expert): 192 x top-2.
 // CHECK-DAG: activation f32 [384,64] {{.*}} "layer0.dispatch.{{[0-9]+}}#0"
 // The step: forward, loss, backward; gradients only for the adapters.
-// CHECK: fwd L0 s0 linear
-// CHECK: fwd L0 s0 lora
+// Each adapted projection is one launch with its LoRA update (--moe-fuse-lora).
+// CHECK: fwd L0 s0 lora_linear
 // The LM head and the loss are one fused launch (--moe-fuse): the loss, a logsumexp per token
 // and (the head is frozen) the input's gradient, which the backward scales.
 // CHECK: fwd s0 lm_head_cross_entropy %{{[0-9]+}}, %{{[0-9]+}}, %2 -> %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}} {{{.*}}chunk_tokens=1024, ignore_index=-100, logits_type="f32", shift_labels=true
@@ -48,7 +48,7 @@
 // CHECK-NOT: lora_tensor
 
 // RECOMPUTE: recompute=per-layer
-// RECOMPUTE: recompute L1 s0 linear
+// RECOMPUTE: recompute L1 s0 lora_linear
 // RECOMPUTE-NOT: recompute L1 s0 router
 // RECOMPUTE: bwd L1 s0 router.backward
 

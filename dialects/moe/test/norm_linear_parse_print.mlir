@@ -165,6 +165,16 @@ func.func @lora(%x: tensor<?x64xf32>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>
 
 // -----
 
+// Tests that a projection with its adapter round-trips with its base type.
+// CHECK-LABEL: func.func @lora_linear
+// CHECK: moe.lora_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {base_type = bf16, scale = 2.000000e+00 : f64} : (tensor<?x64xbf16>, tensor<32x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
+func.func @lora_linear(%x: tensor<?x64xbf16>, %w: tensor<32x64xbf16>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>) -> tensor<?x32xbf16> {
+  %y = moe.lora_linear %x, %w, %a, %b {scale = 2.0 : f64, base_type = bf16} : (tensor<?x64xbf16>, tensor<32x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
+  return %y : tensor<?x32xbf16>
+}
+
+// -----
+
 // Tests that f32 adapters on bf16 activations (the importer's bf16 models) round-trip.
 // CHECK-LABEL: func.func @lora_f32_on_bf16
 // CHECK: moe.lora %{{.*}}, %{{.*}}, %{{.*}} {scale = 2.000000e+00 : f64} : (tensor<?x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>

@@ -277,3 +277,21 @@ func.func @lora_f16_adapter_on_bf16(%x: tensor<?x64xbf16>, %a: tensor<4x64xf16>,
   %d = moe.lora %x, %a, %b {scale = 2.0 : f64} : (tensor<?x64xbf16>, tensor<4x64xf16>, tensor<32x4xf16>) -> tensor<?x32xbf16>
   return %d : tensor<?x32xbf16>
 }
+
+// -----
+
+// Tests that lora_linear's adapter must end in the weight's output features.
+func.func @lora_linear_out_mismatch(%x: tensor<?x64xf32>, %w: tensor<32x64xf32>, %a: tensor<4x64xf32>, %b: tensor<16x4xf32>) -> tensor<?x32xf32> {
+  // expected-error @+1 {{'moe.lora_linear' op lora_b dimension 0 must be 32 (weight output features), got 16}}
+  %y = moe.lora_linear %x, %w, %a, %b {scale = 2.0 : f64} : (tensor<?x64xf32>, tensor<32x64xf32>, tensor<4x64xf32>, tensor<16x4xf32>) -> tensor<?x32xf32>
+  return %y : tensor<?x32xf32>
+}
+
+// -----
+
+// Tests that lora_linear's base_type is the result's element type (where the projection rounds).
+func.func @lora_linear_base_type(%x: tensor<?x64xbf16>, %w: tensor<32x64xbf16>, %a: tensor<4x64xf32>, %b: tensor<32x4xf32>) -> tensor<?x32xbf16> {
+  // expected-error @+1 {{'moe.lora_linear' op base_type 'f32' differs from the result's 'bf16'}}
+  %y = moe.lora_linear %x, %w, %a, %b {scale = 2.0 : f64, base_type = f32} : (tensor<?x64xbf16>, tensor<32x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
+  return %y : tensor<?x32xbf16>
+}

@@ -3,6 +3,7 @@
 #include "runtime/kernels/cpu/core/CoreCommon.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/kernels/cpu/CpuKernels.h"
 #include "runtime/plan/PlanFormat.h"
@@ -20,6 +21,16 @@ void registerCoreKernels(KernelRegistry &registry) {
 }
 
 namespace core {
+
+float roundToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return v;
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&v, &bits, sizeof(bits));
+  return v;
+}
 
 float *floats(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
   if (t.dtype != plan::F32)

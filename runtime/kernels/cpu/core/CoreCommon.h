@@ -21,6 +21,11 @@ namespace moec::runtime::cpu::core {
 /// The f32 data of `t`, or a failure naming `what`.
 float *floats(const KernelContext &ctx, const TensorRef &t, const std::string &what);
 
+/// `v` as bf16 storage holds it: rounded to the nearest (ties to even); NaN stays NaN. For the
+/// values a fused kernel keeps where the unfused ops' bf16 results were rounded (the executor
+/// rounds every bf16 buffer after its step, not what a kernel holds inside).
+float roundToBf16(float v);
+
 // The launch checks shared with the CUDA kernels (../../checks/core). The
 // CPU kernels check gradients' storage type themselves, through floats().
 using checks::core::BackwardLaunch;

@@ -83,10 +83,13 @@ struct LoraArgs {
   int64_t rows, in, rank, out;
   float scale;
 
-  LoraArgs(const KernelContext &ctx, size_t operands) {
-    if (operands != 3)
+  /// lora_a and lora_b are operands `first` and `first` + 1 (2 and 3 of lora_linear).
+  LoraArgs(const KernelContext &ctx, size_t operands, int first = 1) {
+    if (first == 1 && operands != 3)
       ctx.fail("expected 3 operands (input, lora_a, lora_b), got " + std::to_string(operands));
-    const TensorRef &loraA = ctx.in(1), &loraB = ctx.in(2);
+    if (first == 2 && operands != 4)
+      ctx.fail("expected 4 operands (input, weight, lora_a, lora_b), got " + std::to_string(operands));
+    const TensorRef &loraA = ctx.in(first), &loraB = ctx.in(first + 1);
     ctx.expectShape(loraA, "lora_a", {-1, -1});
     rank = loraA.dim(0);
     in = loraA.dim(1);
@@ -150,6 +153,88 @@ void loraBackward(KernelContext &ctx) {
          floats(ctx, *da, "the lora_a gradient"), l.in);
 }
 
+//===----------------------------------------------------------------------===//
+// lora_linear: y = x Wᵀ + scale (x Aᵀ) Bᵀ (--moe-fuse-lora)
+//===----------------------------------------------------------------------===//
+
+/// x [..., in], weight [out, in], lora_a [r, in], lora_b [out, r].
+struct LoraLinearArgs {
+  LinearArgs base;
+  LoraArgs lora;
+
+  bool roundBase = false; // base_type bf16: the projection's own output and input gradient round
+
+  LoraLinearArgs(const KernelContext &ctx, size_t operands)
+      : base(ctx, 2), // the input and the weight (operands 0 and 1; LoraArgs counts all four)
+        lora(ctx, operands, 2) {
+    if (lora.out != base.out)
+      ctx.fail("lora_b has " + std::to_string(lora.out) + " output features, the weight " +
+               std::to_string(base.out));
+    if (ctx.has("base_type")) {
+      std::string type = ctx.attrString("base_type");
+      if (type != "f32" && type != "bf16")
+        ctx.fail("base_type must be f32 or bf16, got " + type);
+      roundBase = type == "bf16";
+    }
+  }
+
+  /// The projection's part of an output [rows, width], rounded as its unfused op's result was.
+  void roundBasePart(const KernelContext &ctx, float *data, int64_t rows, int64_t width) const {
+    if (!roundBase)
+      return;
+    ctx.parallelFor(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin * width; i < end * width; ++i)
+        data[i] = roundToBf16(data[i]);
+    });
+  }
+};
+
+void loraLinear(KernelContext &ctx) {
+  LoraLinearArgs f(ctx, ctx.inputs.size());
+  const TensorRef &result = ctx.out(0);
+  expectRowsShape(ctx, result, "result", ctx.in(0), f.base.out);
+  float *y = floats(ctx, result, "result");
+  gemm(false, true, f.base.rows, f.base.out, f.base.in, 1.0f, f.base.x, f.base.in, f.base.w, f.base.in, 0.0f, y,
+       f.base.out);
+  f.roundBasePart(ctx, y, f.base.rows, f.base.out);
+  std::vector<float> h = f.lora.down();
+  gemm(false, true, f.lora.rows, f.lora.out, f.lora.rank, f.lora.scale, h.data(), f.lora.rank, f.lora.b,
+       f.lora.rank, 1.0f, y, f.lora.out);
+}
+
+void loraLinearBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0, 1, 2, 3});
+  LoraLinearArgs f(ctx, launch.numOperands());
+  const LoraArgs &l = f.lora;
+  std::vector<int64_t> shape = ctx.in(0).shape;
+  shape.back() = l.out;
+  const float *dy = floats(ctx, launch.resultGrad0(shape), "the result gradient");
+  const TensorRef *dx = launch.operandGrad(0), *dw = launch.operandGrad(1), *da = launch.operandGrad(2),
+                  *db = launch.operandGrad(3);
+  if (dw) // dW = dyᵀ x
+    gemm(true, false, l.out, l.in, l.rows, 1.0f, dy, l.out, l.x, l.in, 0.0f,
+         floats(ctx, *dw, "the weight gradient"), l.in);
+  if (db) { // dB = scale dyᵀ h
+    std::vector<float> h = l.down();
+    gemm(true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h.data(), l.rank, 0.0f,
+         floats(ctx, *db, "the lora_b gradient"), l.rank);
+  }
+  if (!dx && !da)
+    return;
+  // dh = scale dy B [rows, r]; dx = dy W + dh A; dA = dhᵀ x.
+  std::vector<float> dh(static_cast<size_t>(l.rows * l.rank));
+  gemm(false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, l.b, l.rank, 0.0f, dh.data(), l.rank);
+  if (dx) {
+    float *out = floats(ctx, *dx, "the input gradient");
+    gemm(false, false, l.rows, l.in, l.out, 1.0f, dy, l.out, f.base.w, l.in, 0.0f, out, l.in);
+    f.roundBasePart(ctx, out, l.rows, l.in);
+    gemm(false, false, l.rows, l.in, l.rank, 1.0f, dh.data(), l.rank, l.a, l.in, 1.0f, out, l.in);
+  }
+  if (da)
+    gemm(true, false, l.rank, l.in, l.rows, 1.0f, dh.data(), l.rank, l.x, l.in, 0.0f,
+         floats(ctx, *da, "the lora_a gradient"), l.in);
+}
+
 } // namespace
 
 void registerDenseKernels(KernelRegistry &registry) {
@@ -157,6 +242,8 @@ void registerDenseKernels(KernelRegistry &registry) {
   registry.add("linear.backward", linearBackward);
   registry.add("lora", lora);
   registry.add("lora.backward", loraBackward);
+  registry.add("lora_linear", loraLinear);
+  registry.add("lora_linear.backward", loraLinearBackward);
 }
 
 } // namespace moec::runtime::cpu::core

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "runtime/kernels/cpu/core/CoreCommon.h"
 #include "runtime/kernels/cpu/core/CoreTestUtil.h"
 
 namespace moec::runtime::cpu::core::testing {
@@ -243,6 +244,133 @@ TEST(Lora, RejectsBadLaunches) {
       .input(randomTensor({5, 2}, 3))
       .output(plan::F32, {3, 5});
   EXPECT_THAT(failureOf(noScale), HasSubstr("missing attribute 'scale'"));
+}
+
+//===----------------------------------------------------------------------===//
+// lora_linear: the projection and its update in one (--moe-fuse-lora)
+//===----------------------------------------------------------------------===//
+
+KernelCall loraLinearCall(int64_t rows, int64_t in, int64_t rank, int64_t out, double scale, uint64_t seed) {
+  KernelCall call(registry(), "lora_linear");
+  call.input(randomTensor({rows, in}, seed))
+      .input(randomTensor({out, in}, seed + 3, 0.5f))
+      .input(randomTensor({rank, in}, seed + 1, 0.5f))
+      .input(randomTensor({out, rank}, seed + 2, 0.5f))
+      .attr("scale", scale)
+      .output(plan::F32, {rows, out});
+  return call;
+}
+
+/// What the fused op replaces: linear(x, W) + lora(x, A, B), each the tested kernel above.
+std::vector<double> unfusedForward(KernelCall &fused, double scale) {
+  const std::vector<OwnedTensor> &in = fused.inputsRef();
+  int64_t rows = in[0].shape[0], out = in[1].shape[0];
+  KernelCall linear(registry(), "linear");
+  linear.input(in[0]).input(in[1]).output(plan::F32, {rows, out}).run();
+  KernelCall lora(registry(), "lora");
+  lora.input(in[0]).input(in[2]).input(in[3]).attr("scale", scale).output(plan::F32, {rows, out}).run();
+  std::vector<double> sum = widen(linear.result(0));
+  std::vector<float> update = lora.result(0).floats();
+  for (size_t i = 0; i < sum.size(); ++i)
+    sum[i] += update[i];
+  return sum;
+}
+
+TEST(LoraLinear, EqualsTheProjectionPlusItsUpdate) {
+  for (double scale : {2.0, 0.5}) {
+    KernelCall call = loraLinearCall(6, 10, 3, 7, scale, 11);
+    call.run();
+    expectNear(call.result(0).floats(), unfusedForward(call, scale), 1e-5, "lora_linear");
+  }
+}
+
+// base_type bf16: the projection's part is rounded before the update is added, as the unfused
+// linear's bf16 result was (and the input gradient's projection part likewise).
+TEST(LoraLinear, RoundsTheProjectionWhereItsUnfusedResultWas) {
+  KernelCall call = loraLinearCall(6, 10, 3, 7, 2.0, 12);
+  call.attr("base_type", "bf16").run();
+  const std::vector<OwnedTensor> &in = call.inputsRef();
+  KernelCall linear(registry(), "linear");
+  linear.input(in[0]).input(in[1]).output(plan::F32, {6, 7}).run();
+  KernelCall lora(registry(), "lora");
+  lora.input(in[0]).input(in[2]).input(in[3]).attr("scale", 2.0).output(plan::F32, {6, 7}).run();
+  std::vector<float> y = linear.result(0).floats(), update = lora.result(0).floats();
+  std::vector<double> want(y.size());
+  for (size_t i = 0; i < y.size(); ++i)
+    want[i] = double(core::roundToBf16(y[i])) + update[i];
+  expectNear(call.result(0).floats(), want, 1e-6, "lora_linear, base_type bf16");
+
+  OwnedTensor dy = randomTensor({6, 7}, 65);
+  KernelCall backward = backwardOf(call, {0}, {{0, dy}});
+  backward.run();
+  KernelCall linearBackward = backwardOf(linear, {0}, {{0, dy}});
+  KernelCall loraBackward = backwardOf(lora, {0}, {{0, dy}});
+  linearBackward.run();
+  loraBackward.run();
+  std::vector<float> dxBase = linearBackward.result(0).floats(), dxLora = loraBackward.result(0).floats();
+  std::vector<double> dx(dxBase.size());
+  for (size_t i = 0; i < dx.size(); ++i)
+    dx[i] = double(core::roundToBf16(dxBase[i])) + dxLora[i];
+  expectNear(backward.result(0).floats(), dx, 1e-6, "lora_linear dx, base_type bf16");
+
+  KernelCall bad = loraLinearCall(6, 10, 3, 7, 2.0, 12);
+  bad.attr("base_type", "f16");
+  EXPECT_THAT(failureOf(bad), HasSubstr("base_type must be f32 or bf16, got f16"));
+}
+
+TEST(LoraLinear, BackwardEqualsTheUnfusedPairsAndFiniteDifferences) {
+  const int64_t rows = 5, in = 6, rank = 2, out = 4;
+  const double scale = 2.0;
+  KernelCall call = loraLinearCall(rows, in, rank, out, scale, 5);
+  GradientCheck check = checkGradients(registry(), call, {0, 1, 2, 3});
+  EXPECT_LT(check.worstRelativeError, 1e-2) << check.report;
+
+  // dx = linear's dx + lora's dx; dW is linear's, dA and dB lora's.
+  const std::vector<OwnedTensor> &in_ = call.inputsRef();
+  OwnedTensor dy = randomTensor({rows, out}, 61);
+  KernelCall linear(registry(), "linear");
+  linear.input(in_[0]).input(in_[1]).output(plan::F32, {rows, out});
+  KernelCall lora(registry(), "lora");
+  lora.input(in_[0]).input(in_[2]).input(in_[3]).attr("scale", scale).output(plan::F32, {rows, out});
+  KernelCall linearBackward = backwardOf(linear, {0, 1}, {{0, dy}});
+  KernelCall loraBackward = backwardOf(lora, {0, 1, 2}, {{0, dy}});
+  linearBackward.run();
+  loraBackward.run();
+  KernelCall backward = backwardOf(call, {0, 1, 2, 3}, {{0, dy}});
+  backward.run();
+  std::vector<double> dx = widen(linearBackward.result(0));
+  std::vector<float> loraDx = loraBackward.result(0).floats();
+  for (size_t i = 0; i < dx.size(); ++i)
+    dx[i] += loraDx[i];
+  expectNear(backward.result(0).floats(), dx, 1e-5, "lora_linear dx");
+  expectNear(backward.result(1).floats(), widen(linearBackward.result(1)), 1e-5, "lora_linear dW");
+  expectNear(backward.result(2).floats(), widen(loraBackward.result(1)), 1e-5, "lora_linear dA");
+  expectNear(backward.result(3).floats(), widen(loraBackward.result(2)), 1e-5, "lora_linear dB");
+
+  // What the training step asks for (the weight frozen): the same values.
+  KernelCall asked = backwardOf(call, {0, 2, 3}, {{0, dy}});
+  asked.run();
+  EXPECT_EQ(asked.result(0).floats(), backward.result(0).floats());
+  EXPECT_EQ(asked.result(1).floats(), backward.result(2).floats());
+  EXPECT_EQ(asked.result(2).floats(), backward.result(3).floats());
+}
+
+TEST(LoraLinear, RejectsBadLaunches) {
+  KernelCall wrongOut = loraLinearCall(3, 4, 2, 5, 2.0, 1);
+  wrongOut.inputsRef()[3] = randomTensor({6, 2}, 1);
+  EXPECT_THAT(failureOf(wrongOut), HasSubstr("lora_b has 6 output features, the weight 5"));
+
+  KernelCall wrongIn = loraLinearCall(3, 4, 2, 5, 2.0, 1);
+  wrongIn.inputsRef()[2] = randomTensor({2, 6}, 1);
+  EXPECT_THAT(failureOf(wrongIn), HasSubstr("input has shape [3,4], expected 6 features"));
+
+  KernelCall missing = loraLinearCall(3, 4, 2, 5, 2.0, 1);
+  missing.inputsRef().pop_back();
+  EXPECT_THAT(failureOf(missing), HasSubstr("expected 4 operands (input, weight, lora_a, lora_b), got 3"));
+
+  KernelCall dropout = loraLinearCall(3, 4, 2, 5, 2.0, 1);
+  dropout.attr("dropout", 0.1);
+  EXPECT_THAT(failureOf(dropout), HasSubstr("lora dropout 0.1 is not supported by the CPU backend yet"));
 }
 
 } // namespace

@@ -31,17 +31,6 @@ namespace moec::runtime::cpu::core {
 
 namespace {
 
-/// `v` as bf16 storage holds it: rounded to the nearest (ties to even); NaN stays NaN.
-float roundToBf16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u)
-    return v;
-  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&v, &bits, sizeof(bits));
-  return v;
-}
-
 /// input [T, H], weight [V, H], labels [T]; the chunked rows of logits.
 struct LmHeadLossArgs {
   checks::core::LmHeadLossShape s;

@@ -102,10 +102,13 @@ struct LoraArgs {
   int64_t rows, in, rank, out;
   float scale;
 
-  LoraArgs(const KernelContext &ctx, size_t operands) {
-    if (operands != 3)
+  /// lora_a and lora_b are operands `first` and `first` + 1 (2 and 3 of lora_linear).
+  LoraArgs(const KernelContext &ctx, size_t operands, int first = 1) {
+    if (first == 1 && operands != 3)
       ctx.fail("expected 3 operands (input, lora_a, lora_b), got " + std::to_string(operands));
-    const TensorRef &loraA = ctx.in(1), &loraB = ctx.in(2);
+    if (first == 2 && operands != 4)
+      ctx.fail("expected 4 operands (input, weight, lora_a, lora_b), got " + std::to_string(operands));
+    const TensorRef &loraA = ctx.in(first), &loraB = ctx.in(first + 1);
     ctx.expectShape(loraA, "lora_a", {-1, -1});
     rank = loraA.dim(0);
     in = loraA.dim(1);
@@ -188,6 +191,92 @@ void loraBackward(KernelContext &ctx) {
             0.0f, da->data, da->dtype);
 }
 
+//===----------------------------------------------------------------------===//
+// lora_linear: y = x Wᵀ + scale (x Aᵀ) Bᵀ (--moe-fuse-lora)
+//===----------------------------------------------------------------------===//
+
+/// x [..., in], weight [out, in], lora_a [r, in], lora_b [out, r].
+struct LoraLinearArgs {
+  LinearArgs base;
+  LoraArgs lora;
+
+  LoraLinearArgs(const KernelContext &ctx, size_t operands)
+      : base(ctx, 2), // the input and the weight (operands 0 and 1; LoraArgs counts all four)
+        lora(ctx, operands, 2) {
+    if (lora.out != base.out)
+      ctx.fail("lora_b has " + std::to_string(lora.out) + " output features, the weight " +
+               std::to_string(base.out));
+  }
+
+  /// The projection's part rounds in the buffer it is written to: base_type must be its type.
+  static void expectBaseType(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+    if (!ctx.has("base_type"))
+      return;
+    std::string type = ctx.attrString("base_type");
+    if (type != plan::dtypeName(t.dtype))
+      ctx.fail("base_type " + type + " differs from the " + what + "'s " + plan::dtypeName(t.dtype));
+  }
+};
+
+/// y = x Wᵀ, then the update onto y in its own product (beta 1): the update is never written
+/// in f32 and read back, and y is rounded once, as the unfused add rounds it.
+void loraLinear(KernelContext &ctx) {
+  LoraLinearArgs f(ctx, ctx.inputs.size());
+  const LinearArgs &a = f.base;
+  const LoraArgs &l = f.lora;
+  const TensorRef &result = ctx.out(0);
+  expectRowsShape(ctx, result, "result", ctx.in(0), a.out);
+  expectFloats(ctx, result, "result");
+  LoraLinearArgs::expectBaseType(ctx, result, "result");
+  if (a.rows == 0 || a.out == 0)
+    return;
+  Workspace ws(ctx);
+  gemmAny(ctx, ws, false, true, a.rows, a.out, a.in, 1.0f, matrixOf(*a.x), a.in, matrixOf(*a.w), a.in, 0.0f,
+          result.data, result.dtype);
+  Matrix h = l.down(ctx, ws);
+  gemmAny(ctx, ws, false, true, l.rows, l.out, l.rank, l.scale, h, l.rank, matrixOf(*l.b), l.rank, 1.0f,
+          result.data, result.dtype);
+}
+
+/// dx = dy W, then dh A onto it (beta 1); dA, dB as lora.backward's; dW when asked.
+void loraLinearBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0, 1, 2, 3});
+  LoraLinearArgs f(ctx, launch.numOperands());
+  const LoraArgs &l = f.lora;
+  std::vector<int64_t> shape = ctx.in(0).shape;
+  shape.back() = l.out;
+  Matrix dy = matrixOf(launch.resultGrad0(shape));
+  const TensorRef *dx = launch.operandGrad(0), *dw = launch.operandGrad(1), *da = launch.operandGrad(2),
+                  *db = launch.operandGrad(3);
+  Workspace ws(ctx);
+  if (dw) // dW = dyᵀ x
+    gemmAny(ctx, ws, true, false, l.out, l.in, l.rows, 1.0f, dy, l.out, matrixOf(*l.x), l.in, 0.0f, dw->data,
+            dw->dtype);
+  if (db) { // dB = scale dyᵀ h
+    Matrix h = l.down(ctx, ws);
+    gemmAny(ctx, ws, true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h, l.rank, 0.0f, db->data,
+            db->dtype);
+  }
+  if (!dx && !da)
+    return;
+  plan::DType dhType = LoraArgs::productType(launch.resultGrad0(shape), *l.b);
+  void *dhData = ws.bytes(static_cast<size_t>(std::max<int64_t>(l.rows * l.rank, 1)) *
+                          (dhType == plan::BF16 ? 2 : 4));
+  gemmAny(ctx, ws, false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, matrixOf(*l.b), l.rank, 0.0f,
+          dhData, dhType);
+  Matrix dh{dhData, dhType, l.rows * l.rank};
+  if (dx) {
+    LoraLinearArgs::expectBaseType(ctx, *dx, "input gradient");
+    gemmAny(ctx, ws, false, false, l.rows, l.in, l.out, 1.0f, dy, l.out, matrixOf(*f.base.w), l.in, 0.0f,
+            dx->data, dx->dtype);
+    gemmAny(ctx, ws, false, false, l.rows, l.in, l.rank, 1.0f, dh, l.rank, matrixOf(*l.a), l.in, 1.0f, dx->data,
+            dx->dtype);
+  }
+  if (da)
+    gemmAny(ctx, ws, true, false, l.rank, l.in, l.rows, 1.0f, dh, l.rank, matrixOf(*l.x), l.in, 0.0f, da->data,
+            da->dtype);
+}
+
 } // namespace
 
 void registerDenseKernels(KernelRegistry &registry) {
@@ -197,6 +286,8 @@ void registerDenseKernels(KernelRegistry &registry) {
   registry.add("linear.backward", linearBackward, OutputInit::Any);
   registry.add("lora", lora, OutputInit::Any);
   registry.add("lora.backward", loraBackward, OutputInit::Any);
+  registry.add("lora_linear", loraLinear, OutputInit::Any);
+  registry.add("lora_linear.backward", loraLinearBackward, OutputInit::Any);
 }
 
 } // namespace moec::runtime::cuda::core

@@ -1,4 +1,4 @@
-//===- DenseTest.cpp - linear and lora on CUDA against the CPU ------------===//
+//===- DenseTest.cpp - linear, lora and lora_linear on CUDA against the CPU -===//
 
 #include "runtime/kernels/cuda/core/CoreCompare.h"
 
@@ -213,6 +213,52 @@ TEST(CudaLora, BackwardMixedStorageTypesKeepF32Precision) {
           return backwardOf(forward, {1, 2}, {{0, randomTensor({c.rows, c.out}, 62)}});
         },
         name(c) + " backward, f32 adapter gradients at 1e-5", f32Adapter);
+  }
+}
+
+/// baseType null: no base_type (the compare runs the launch in f32 and in bf16 storage).
+KernelCall loraLinearCall(const LoraCase &c, uint64_t seed, const char *baseType = nullptr) {
+  KernelCall call(registry(), "lora_linear");
+  if (baseType)
+    call.attr("base_type", baseType);
+  call.input(randomTensor({c.rows, c.in}, seed))
+      .input(randomTensor({c.out, c.in}, seed + 3, 0.5f))
+      .input(randomTensor({c.rank, c.in}, seed + 1, 0.5f))
+      .input(randomTensor({c.out, c.rank}, seed + 2, 0.5f))
+      .attr("scale", c.scale)
+      .output(plan::F32, {c.rows, c.out});
+  return call;
+}
+
+// The projection with its update (--moe-fuse-lora): in f32, and as a bf16 plan has it (bf16
+// activations and weight, f32 adapters and their gradients, base_type bf16: the CPU rounds the
+// projection's part where the GPU's bf16 output holds it), forward and backward.
+TEST(CudaLoraLinear, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const LoraCase &c : kLoraCases) {
+    std::string what = "lora_linear rows " + std::to_string(c.rows) + " in " + std::to_string(c.in) + " r " +
+                       std::to_string(c.rank) + " out " + std::to_string(c.out);
+    expectMatchesCpu([&] { return loraLinearCall(c, 21); }, what);
+    CudaCompareOptions f32Adapter;
+    f32Adapter.f32Inputs = {2, 3};
+    expectMatchesCpuIn(plan::BF16, [&] { return loraLinearCall(c, 22, "bf16"); }, what + " f32 adapter", f32Adapter);
+    for (const std::vector<int64_t> &wrt :
+         std::vector<std::vector<int64_t>>{{0, 2, 3}, {2, 3}, {0}, {0, 1, 2, 3}, {3, 1}}) {
+      auto make = [&](const char *baseType) {
+        return [&wrt, &c, baseType] {
+          KernelCall forward = loraLinearCall(c, 23, baseType);
+          return backwardOf(forward, wrt, {{0, randomTensor({c.rows, c.out}, 64)}});
+        };
+      };
+      expectMatchesCpu(make(nullptr), what + " backward wrt " + shapeText(wrt));
+      CudaCompareOptions bf16Plan;
+      bf16Plan.f32Inputs = {2, 3};
+      for (size_t k = 0; k < wrt.size(); ++k) // the adapters' gradients in f32
+        if (wrt[k] >= 2)
+          bf16Plan.f32Outputs.push_back(k);
+      expectMatchesCpuIn(plan::BF16, make("bf16"), what + " backward wrt " + shapeText(wrt) + ", f32 adapter",
+                         bf16Plan);
+    }
   }
 }
 
