@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "compiler/analysis/ModelSummary.h"
+#include "compiler/plan/OverlapReport.h"
 #include "dialects/moe/MeshShape.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Format.h"
@@ -153,7 +154,8 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
         share = analysis::tokenShareOfRank(experts.getInt(), program.buffers[step.inputs[0]].shape.at(1),
                                            groupSize(step.axis));
   std::map<std::tuple<std::string, std::string, int>, Row> rows;
-  for (const ProgramStep &step : program.steps) {
+  std::vector<int64_t> sentBytes(program.steps.size(), 0); // per step, for the overlap's replay
+  for (auto [index, step] : llvm::enumerate(program.steps)) {
     if (step.collective.empty())
       continue;
     int64_t n = groupSize(step.axis), bytes = 0;
@@ -173,6 +175,7 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     Row &row = rows[{step.collective, step.axis, static_cast<int>(step.phase)}];
     ++row.count;
     row.bytes += bytes;
+    sentBytes[index] = bytes;
   }
   os << "\ncollectives per step (mesh " << mesh.str() << "; bytes this rank sends, uniform routing):\n";
   os << llvm::format("  %-16s %-8s %-9s %6s %14s  %s\n", "collective", "axis", "phase", "count", "bytes", "why");
@@ -204,6 +207,7 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
     total += row.bytes;
   }
   os << "  total " << analysis::withCommas(total) << " bytes (" << gib(total) << ") per step per rank\n";
+  printOverlap(program, sentBytes, os);
   // Where the resharding collectives come from: the sharding decision that inserted each (their
   // backward counterparts included), in the order the step first meets them.
   std::vector<std::string> reasons;

@@ -77,6 +77,23 @@
 // EP: expert_return    ep       backward      96    811,597,824
 // EP: expert_route     ep       forward       48      6,291,456  every token's experts to every rank
 // EP: expert_send      ep       forward       96    811,597,824  hidden states and router weights of every token to every rank
+// The replay of the step on its streams (kernels at their floors, collectives at GPU.md's
+// NCCL bus bandwidths): without --overlap every collective is exposed; with it, the expert
+// exchange in two token blocks and the gradient sums on stream 1. By hand from the bytes above:
+// the forward sends 811,597,824 / 279 GB/s = 2.909 ms, the gradient sums 106,954,752 / 314 GB/s
+// = 0.341 ms (hidden under the backward's projections).
+// EP: communication and compute (predicted: kernels at their floors, 802 TFLOP/s or 4.27 TB/s; collectives at 279 GB/s all-to-all, 314 GB/s all-reduce and sends):
+// EP-NEXT: streams 1: compute {{[0-9.]+}} ms, communication [[COMM:[0-9.]+]] ms; the step [[STEP:[0-9.]+]] ms (one stream: [[STEP]] ms)
+// EP-NEXT: exposed communication [[COMM]] ms of [[COMM]] (100%)
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --mesh ep=2 --overlap --emit=report \
+// RUN:   | FileCheck %s --check-prefix=OVERLAP
+// OVERLAP: streams 2: compute {{[0-9.]+}} ms, communication [[COMM:[0-9.]+]] ms; the step {{[0-9.]+}} ms (one stream: {{[0-9.]+}} ms)
+// OVERLAP-NEXT: exposed communication {{[0-9.]+}} ms of [[COMM]] ({{[1-9][0-9]?}}%)
+// OVERLAP-NEXT: collective phase count time ms hidden ms runs under (ms of it)
+// OVERLAP-NEXT: all_reduce backward 48 0.341 0.341 linear 0.341
+// OVERLAP: expert_send forward 192 2.909 {{[0-9.]+}} dispatch
+
 // With --ep-exchange=routed a token goes only where it has an expert: 0.99690 of the bytes
 // (the route: per layer 131,072 x 0.99690 = 130,666 bytes, x 48 = 6,271,968).
 // RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
