@@ -34,6 +34,9 @@ public:
   virtual int size() const = 0;
   /// "cpu threads", "nccl 2.x".
   virtual std::string name() const = 0;
+  /// The device stream the collectives from now on are enqueued on (a plan step's stream);
+  /// communicators that run on the host ignore it.
+  virtual void setStream(void *deviceStream) {}
 
   /// out = Σ over ranks of in; `count` elements; in == out is allowed.
   virtual absl::Status allReduce(const void *in, void *out, size_t count, plan::DType dtype) = 0;

@@ -44,6 +44,7 @@ public:
   int rank() const override { return groupRank; }
   int size() const override { return groupSize; }
   std::string name() const override;
+  void setStream(void *deviceStream) override { stream = deviceStream; }
 
   absl::Status allReduce(const void *in, void *out, size_t count, plan::DType dtype) override;
   absl::Status allGather(const void *in, void *out, size_t count, plan::DType dtype) override;

@@ -56,10 +56,21 @@ public:
   /// -1 (the expert exchange's received experts, when every token comes to every rank).
   virtual absl::Status localExperts(void *indices, size_t count, plan::DType dtype, int64_t first,
                                     int64_t perRank) = 0;
-  /// Waits for every kernel launched so far; reports an asynchronous failure.
+  /// Waits for every kernel launched so far, on every stream; reports an asynchronous failure.
   virtual absl::Status synchronize() = 0;
-  /// What kernels get as ctx.stream / ctx.pool.
+  /// What kernels get as ctx.stream / ctx.pool: the stream useStream chose.
   virtual void *stream() { return nullptr; }
+  /// Where the launches, copies and collectives issued from now on go: stream `index` of the
+  /// plan's (0 at first). A device that runs everything in issue order (the CPU) has one
+  /// stream for all of them, which every validated plan allows.
+  virtual absl::Status useStream(int index) { return absl::OkStatus(); }
+  /// Plan event `id`: record it after the work issued so far on the current stream; make the
+  /// current stream wait until it is recorded (the plan records before it waits).
+  virtual absl::Status recordEvent(int id) { return absl::OkStatus(); }
+  virtual absl::Status waitEvent(int id) { return absl::OkStatus(); }
+  /// Orders every stream after everything issued on all of them so far (a step's start and end:
+  /// the step's streams do not run into the previous or the next step, nor the host's work).
+  virtual absl::Status joinStreams() { return absl::OkStatus(); }
   virtual ThreadPool *pool() { return nullptr; }
   virtual const KernelRegistry &kernels() const = 0;
   /// Device memory taken since the device was opened (arenas, kernel scratch pools, library

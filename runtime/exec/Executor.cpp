@@ -398,10 +398,25 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
     profile->startRun();
   receivedRows.clear(); // this run's routes are new
   routes.clear();
+  // A plan's second stream (--moe-schedule-overlap) starts after what the host issued before
+  // the run, and the run ends with every stream joined: the host's next work sees all of it.
+  const bool streams = rankProto->num_streams() > 1;
+  if (streams)
+    if (absl::Status joined = dev->joinStreams(); !joined.ok())
+      return joined;
   for (int s = 0; s < rankProto->steps_size(); ++s) {
     const plan::Step &step = rankProto->steps(s);
     issuing = s;
-    if (step.has_launch()) {
+    if (streams)
+      if (absl::Status chosen = dev->useStream(static_cast<int>(step.stream())); !chosen.ok())
+        return absl::Status(chosen.code(), absl::StrCat(stepName(s, step), ": ", chosen.message()));
+    if (step.has_record() || step.has_wait()) {
+      absl::Status ordered =
+          step.has_record() ? dev->recordEvent(static_cast<int>(step.record().id()))
+                            : dev->waitEvent(static_cast<int>(step.wait().id()));
+      if (!ordered.ok())
+        return absl::Status(ordered.code(), absl::StrCat(stepName(s, step), ": ", ordered.message()));
+    } else if (step.has_launch()) {
       const plan::Launch &launch = step.launch();
       auto start = std::chrono::steady_clock::now();
       // Outputs reuse memory: kernels write into zeroes, except accumulate_grad, which adds.
@@ -433,11 +448,17 @@ absl::Status Executor::run(const std::function<void(int)> &afterStep) {
       if (profile)
         profile->add(step, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    // Record and wait steps order a plan's streams (--moe-schedule-overlap). Every device here
-    // issues all steps in list order on one stream, which any plan the validator accepts allows,
-    // so they need nothing (the CUDA device does not run a second stream yet).
     if (afterStep)
       afterStep(s);
+  }
+  if (streams) {
+    if (absl::Status joined = dev->joinStreams(); !joined.ok())
+      return joined;
+    if (absl::Status chosen = dev->useStream(0); !chosen.ok())
+      return chosen;
+    for (comm::Communicator *comm : communicators)
+      if (comm)
+        comm->setStream(dev->stream());
   }
   issuing = -1; // the final synchronisation waits for all of them
   if (absl::Status synced = dev->synchronize(); !synced.ok())
@@ -474,6 +495,7 @@ absl::Status Executor::collective(const plan::Collective &collective) {
         "] needs a communicator per group: run every rank (moe-run --nproc ", plan->ranks_size(), ")"));
   }
   comm::Communicator &comm = *communicators[collective.group()];
+  comm.setStream(dev->stream()); // the step's stream
   if (collective.kind() == plan::Collective::EXPERT_ROUTE || collective.kind() == plan::Collective::EXPERT_SEND ||
       collective.kind() == plan::Collective::EXPERT_RETURN) {
     absl::Status s = expertExchange(collective, comm);
