@@ -11,7 +11,8 @@
 #                               and tp=2 (a GPU per rank) against one GPU (moe-mesh-check, f32 and
 #                               bf16), and Qwen3-30B-A3B (48 layers, 4096 tokens per GPU) on one GPU,
 #                               dp, ep (its default exchange, and ep=2-routed), pp, tp=2: tokens/s
-#                               per GPU and exposed communication (moe-run bench --nproc 2); MESHES
+#                               per GPU and exposed communication (moe-run bench --nproc 2), also
+#                               ep=2 and dp=2 with --overlap (ep=2-overlap, dp=2-overlap); MESHES
 #                               and SCALE_MESHES (e.g. "tp=2", "single tp=2") run fewer; HANG=0
 #                               skips the stopped-rank check
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
@@ -24,9 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 pack=.gpu
 families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen3_next)
-# A mesh name with its expert exchange: "ep=2-all" is --mesh ep=2 --ep-exchange all.
+# A mesh name with its expert exchange: "ep=2-all" is --mesh ep=2 --ep-exchange all; "ep=2-overlap"
+# is --mesh ep=2 --overlap (token blocks, the exchange and gradient sums on a second stream).
 meshFlags() {
   case "$1" in
+    *-overlap) echo "--mesh ${1%-overlap} --overlap" ;;
     *-all | *-routed) echo "--mesh ${1%-*} --ep-exchange ${1##*-}" ;;
     *) echo "--mesh $1" ;;
   esac
@@ -96,7 +99,7 @@ if [ "${1:-}" = pack ]; then
         --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.batch4.moeplan" 2>/dev/null
     done
   done
-  for mesh in "" dp=2 ep=2 ep=2-routed pp=2 tp=2; do
+  for mesh in "" dp=2 ep=2 ep=2-routed pp=2 tp=2 ep=2-overlap dp=2-overlap; do
     "$bin/compiler/tools/moec" compile models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+$(meshFlags "$mesh")} \
       --pipeline-micro-batches 4 -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
@@ -156,7 +159,7 @@ if [ "$1" = mesh ]; then
   done
   rm -f "$out/one.log"
   : >"$out/scale.log"
-  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2}; do
+  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2 ep=2-overlap dp=2-overlap}; do
     nproc=2; [ "$mesh" = single ] && nproc=1
     { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh (pp: 4 micro-batches of 4096 per step)"
       "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
