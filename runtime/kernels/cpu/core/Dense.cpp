@@ -115,7 +115,29 @@ struct LoraArgs {
     gemm(false, true, rows, rank, in, 1.0f, x, in, a, in, 0.0f, h.data(), rank);
     return h;
   }
+
+  /// The adapter's gradients for the result gradient dy (null: not asked): dB = scale dyᵀ h;
+  /// dh = scale dy B [rows, r]; dx = dh A, added to what dx holds when dxBeta is 1; dA = dhᵀ x.
+  void backward(const float *dy, float *dx, float dxBeta, float *da, float *db) const {
+    if (db) {
+      std::vector<float> h = down();
+      gemm(true, false, out, rank, rows, scale, dy, out, h.data(), rank, 0.0f, db, rank);
+    }
+    if (!dx && !da)
+      return;
+    std::vector<float> dh(static_cast<size_t>(rows * rank));
+    gemm(false, false, rows, rank, out, scale, dy, out, b, rank, 0.0f, dh.data(), rank);
+    if (dx)
+      gemm(false, false, rows, in, rank, 1.0f, dh.data(), rank, a, in, dxBeta, dx, in);
+    if (da)
+      gemm(true, false, rank, in, rows, 1.0f, dh.data(), rank, x, in, 0.0f, da, in);
+  }
 };
+
+/// The gradient's data, or null when it is not asked.
+float *gradOrNull(const KernelContext &ctx, const TensorRef *grad, const std::string &what) {
+  return grad ? floats(ctx, *grad, what) : nullptr;
+}
 
 void lora(KernelContext &ctx) {
   LoraArgs l(ctx, ctx.inputs.size());
@@ -132,25 +154,9 @@ void loraBackward(KernelContext &ctx) {
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = l.out;
   const float *dy = floats(ctx, launch.resultGrad0(shape), "the result gradient");
-  const TensorRef *dx = launch.operandGrad(0), *da = launch.operandGrad(1),
-                  *db = launch.operandGrad(2);
-  if (db) { // dB = scale dyᵀ h
-    std::vector<float> h = l.down();
-    gemm(true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h.data(), l.rank, 0.0f,
-         floats(ctx, *db, "the lora_b gradient"), l.rank);
-  }
-  if (!dx && !da)
-    return;
-  // dh = scale dy B [rows, r]; dx = dh A; dA = dhᵀ x.
-  std::vector<float> dh(static_cast<size_t>(l.rows * l.rank));
-  gemm(false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, l.b, l.rank, 0.0f, dh.data(),
-       l.rank);
-  if (dx)
-    gemm(false, false, l.rows, l.in, l.rank, 1.0f, dh.data(), l.rank, l.a, l.in, 0.0f,
-         floats(ctx, *dx, "the input gradient"), l.in);
-  if (da)
-    gemm(true, false, l.rank, l.in, l.rows, 1.0f, dh.data(), l.rank, l.x, l.in, 0.0f,
-         floats(ctx, *da, "the lora_a gradient"), l.in);
+  l.backward(dy, gradOrNull(ctx, launch.operandGrad(0), "the input gradient"), 0.0f,
+             gradOrNull(ctx, launch.operandGrad(1), "the lora_a gradient"),
+             gradOrNull(ctx, launch.operandGrad(2), "the lora_b gradient"));
 }
 
 //===----------------------------------------------------------------------===//
@@ -209,30 +215,16 @@ void loraLinearBackward(KernelContext &ctx) {
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = l.out;
   const float *dy = floats(ctx, launch.resultGrad0(shape), "the result gradient");
-  const TensorRef *dx = launch.operandGrad(0), *dw = launch.operandGrad(1), *da = launch.operandGrad(2),
-                  *db = launch.operandGrad(3);
-  if (dw) // dW = dyᵀ x
-    gemm(true, false, l.out, l.in, l.rows, 1.0f, dy, l.out, l.x, l.in, 0.0f,
-         floats(ctx, *dw, "the weight gradient"), l.in);
-  if (db) { // dB = scale dyᵀ h
-    std::vector<float> h = l.down();
-    gemm(true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h.data(), l.rank, 0.0f,
-         floats(ctx, *db, "the lora_b gradient"), l.rank);
-  }
-  if (!dx && !da)
-    return;
-  // dh = scale dy B [rows, r]; dx = dy W + dh A; dA = dhᵀ x.
-  std::vector<float> dh(static_cast<size_t>(l.rows * l.rank));
-  gemm(false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, l.b, l.rank, 0.0f, dh.data(), l.rank);
+  if (float *dw = gradOrNull(ctx, launch.operandGrad(1), "the weight gradient")) // dW = dyᵀ x
+    gemm(true, false, l.out, l.in, l.rows, 1.0f, dy, l.out, l.x, l.in, 0.0f, dw, l.in);
+  // dx = dy W (rounded as the projection's own input gradient), then the adapter's part onto it.
+  float *dx = gradOrNull(ctx, launch.operandGrad(0), "the input gradient");
   if (dx) {
-    float *out = floats(ctx, *dx, "the input gradient");
-    gemm(false, false, l.rows, l.in, l.out, 1.0f, dy, l.out, f.base.w, l.in, 0.0f, out, l.in);
-    f.roundBasePart(ctx, out, l.rows, l.in);
-    gemm(false, false, l.rows, l.in, l.rank, 1.0f, dh.data(), l.rank, l.a, l.in, 1.0f, out, l.in);
+    gemm(false, false, l.rows, l.in, l.out, 1.0f, dy, l.out, f.base.w, l.in, 0.0f, dx, l.in);
+    f.roundBasePart(ctx, dx, l.rows, l.in);
   }
-  if (da)
-    gemm(true, false, l.rank, l.in, l.rows, 1.0f, dh.data(), l.rank, l.x, l.in, 0.0f,
-         floats(ctx, *da, "the lora_a gradient"), l.in);
+  l.backward(dy, dx, 1.0f, gradOrNull(ctx, launch.operandGrad(2), "the lora_a gradient"),
+             gradOrNull(ctx, launch.operandGrad(3), "the lora_b gradient"));
 }
 
 } // namespace

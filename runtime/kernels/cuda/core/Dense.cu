@@ -145,6 +145,29 @@ struct LoraArgs {
             h, type);
     return Matrix{h, type, rows * rank};
   }
+
+  /// The adapter's gradients for the result gradient dy (null: not asked): dB = scale dyᵀ h;
+  /// dh = scale dy B [rows, r]; dx = dh A, added to what dx holds when dxBeta is 1; dA = dhᵀ x.
+  void backward(const KernelContext &ctx, Workspace &ws, const TensorRef &dy, const TensorRef *dx, float dxBeta,
+                const TensorRef *da, const TensorRef *db) const {
+    Matrix g = matrixOf(dy);
+    if (db) {
+      Matrix h = down(ctx, ws);
+      gemmAny(ctx, ws, true, false, out, rank, rows, scale, g, out, h, rank, 0.0f, db->data, db->dtype);
+    }
+    if (!dx && !da)
+      return;
+    plan::DType dhType = productType(dy, *b);
+    void *dhData =
+        ws.bytes(static_cast<size_t>(std::max<int64_t>(rows * rank, 1)) * (dhType == plan::BF16 ? 2 : 4));
+    gemmAny(ctx, ws, false, false, rows, rank, out, scale, g, out, matrixOf(*b), rank, 0.0f, dhData, dhType);
+    Matrix dh{dhData, dhType, rows * rank};
+    if (dx)
+      gemmAny(ctx, ws, false, false, rows, in, rank, 1.0f, dh, rank, matrixOf(*a), in, dxBeta, dx->data,
+              dx->dtype);
+    if (da)
+      gemmAny(ctx, ws, true, false, rank, in, rows, 1.0f, dh, rank, matrixOf(*x), in, 0.0f, da->data, da->dtype);
+  }
 };
 
 void lora(KernelContext &ctx) {
@@ -165,30 +188,9 @@ void loraBackward(KernelContext &ctx) {
   LoraArgs l(ctx, launch.numOperands());
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = l.out;
-  Matrix dy = matrixOf(launch.resultGrad0(shape));
-  const TensorRef *dx = launch.operandGrad(0), *da = launch.operandGrad(1),
-                  *db = launch.operandGrad(2);
   Workspace ws(ctx);
-  if (db) { // dB = scale dyᵀ h
-    Matrix h = l.down(ctx, ws);
-    gemmAny(ctx, ws, true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h, l.rank, 0.0f,
-            db->data, db->dtype);
-  }
-  if (!dx && !da)
-    return;
-  // dh = scale dy B [rows, r]; dx = dh A; dA = dhᵀ x.
-  plan::DType dhType = LoraArgs::productType(launch.resultGrad0(shape), *l.b);
-  void *dhData = ws.bytes(static_cast<size_t>(std::max<int64_t>(l.rows * l.rank, 1)) *
-                          (dhType == plan::BF16 ? 2 : 4));
-  gemmAny(ctx, ws, false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, matrixOf(*l.b), l.rank,
-          0.0f, dhData, dhType);
-  Matrix dh{dhData, dhType, l.rows * l.rank};
-  if (dx)
-    gemmAny(ctx, ws, false, false, l.rows, l.in, l.rank, 1.0f, dh, l.rank, matrixOf(*l.a), l.in,
-            0.0f, dx->data, dx->dtype);
-  if (da)
-    gemmAny(ctx, ws, true, false, l.rank, l.in, l.rows, 1.0f, dh, l.rank, matrixOf(*l.x), l.in,
-            0.0f, da->data, da->dtype);
+  l.backward(ctx, ws, launch.resultGrad0(shape), launch.operandGrad(0), 0.0f, launch.operandGrad(1),
+             launch.operandGrad(2));
 }
 
 //===----------------------------------------------------------------------===//
@@ -245,36 +247,18 @@ void loraLinearBackward(KernelContext &ctx) {
   const LoraArgs &l = f.lora;
   std::vector<int64_t> shape = ctx.in(0).shape;
   shape.back() = l.out;
-  Matrix dy = matrixOf(launch.resultGrad0(shape));
-  const TensorRef *dx = launch.operandGrad(0), *dw = launch.operandGrad(1), *da = launch.operandGrad(2),
-                  *db = launch.operandGrad(3);
+  const TensorRef &dy = launch.resultGrad0(shape);
+  const TensorRef *dx = launch.operandGrad(0), *dw = launch.operandGrad(1);
+  if (dx)
+    LoraLinearArgs::expectBaseType(ctx, *dx, "input gradient");
   Workspace ws(ctx);
   if (dw) // dW = dyᵀ x
-    gemmAny(ctx, ws, true, false, l.out, l.in, l.rows, 1.0f, dy, l.out, matrixOf(*l.x), l.in, 0.0f, dw->data,
-            dw->dtype);
-  if (db) { // dB = scale dyᵀ h
-    Matrix h = l.down(ctx, ws);
-    gemmAny(ctx, ws, true, false, l.out, l.rank, l.rows, l.scale, dy, l.out, h, l.rank, 0.0f, db->data,
-            db->dtype);
-  }
-  if (!dx && !da)
-    return;
-  plan::DType dhType = LoraArgs::productType(launch.resultGrad0(shape), *l.b);
-  void *dhData = ws.bytes(static_cast<size_t>(std::max<int64_t>(l.rows * l.rank, 1)) *
-                          (dhType == plan::BF16 ? 2 : 4));
-  gemmAny(ctx, ws, false, false, l.rows, l.rank, l.out, l.scale, dy, l.out, matrixOf(*l.b), l.rank, 0.0f,
-          dhData, dhType);
-  Matrix dh{dhData, dhType, l.rows * l.rank};
-  if (dx) {
-    LoraLinearArgs::expectBaseType(ctx, *dx, "input gradient");
-    gemmAny(ctx, ws, false, false, l.rows, l.in, l.out, 1.0f, dy, l.out, matrixOf(*f.base.w), l.in, 0.0f,
-            dx->data, dx->dtype);
-    gemmAny(ctx, ws, false, false, l.rows, l.in, l.rank, 1.0f, dh, l.rank, matrixOf(*l.a), l.in, 1.0f, dx->data,
-            dx->dtype);
-  }
-  if (da)
-    gemmAny(ctx, ws, true, false, l.rank, l.in, l.rows, 1.0f, dh, l.rank, matrixOf(*l.x), l.in, 0.0f, da->data,
-            da->dtype);
+    gemmAny(ctx, ws, true, false, l.out, l.in, l.rows, 1.0f, matrixOf(dy), l.out, matrixOf(*l.x), l.in, 0.0f,
+            dw->data, dw->dtype);
+  if (dx) // the projection's part, rounded in dx's type; the adapter's goes onto it
+    gemmAny(ctx, ws, false, false, l.rows, l.in, l.out, 1.0f, matrixOf(dy), l.out, matrixOf(*f.base.w), l.in,
+            0.0f, dx->data, dx->dtype);
+  l.backward(ctx, ws, dy, dx, 1.0f, launch.operandGrad(2), launch.operandGrad(3));
 }
 
 } // namespace
