@@ -2,7 +2,9 @@
 
 #include "passes/fuse_lora/FuseLoRA.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/Debug.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
 #define DEBUG_TYPE "moe-fuse-lora"
@@ -47,36 +49,58 @@ std::optional<Adapted> match(moe::AddOp sum) {
   return Adapted{sum, linear, lora};
 }
 
+void fuse(Adapted &m) {
+  OpBuilder b(m.sum);
+  // The projection's output rounds where the unfused linear rounded it.
+  Type base = cast<RankedTensorType>(m.linear.getType()).getElementType();
+  auto fused = moe::LoRALinearOp::create(b, m.sum.getLoc(), m.sum.getType(), m.linear.getInput(),
+                                         m.linear.getWeight(), m.lora.getLoraA(), m.lora.getLoraB(),
+                                         m.lora.getScaleAttr(), m.lora.getDropoutAttr(), TypeAttr::get(base));
+  // What other passes marked the three with (a recomputed copy, ...) holds for the fused op.
+  for (Operation *op : {m.sum.getOperation(), m.linear.getOperation(), m.lora.getOperation()})
+    for (NamedAttribute attr : op->getDiscardableAttrs())
+      if (!fused->hasAttr(attr.getName()))
+        fused->setAttr(attr.getName(), attr.getValue());
+  m.sum.replaceAllUsesWith(fused.getResult());
+  m.sum.erase();
+  m.lora.erase();
+  m.linear.erase();
+  LLVM_DEBUG(llvm::dbgs() << "fused: " << fused << "\n");
+}
+
 class FuseLoRAPass : public impl::FuseLoRAPassBase<FuseLoRAPass> {
 public:
   using FuseLoRAPassBase::FuseLoRAPassBase;
 
   void runOnOperation() override {
-    SmallVector<Adapted> matches;
-    getOperation().walk([&](moe::AddOp sum) {
-      if (std::optional<Adapted> m = match(sum))
-        matches.push_back(*m);
+    moe::ModelOp model = getOperation();
+    // The templates the training layers were built from stay as they are: memory planning
+    // rebuilds layers from them (recompute under a cap) by differentiating the unfused ops, and
+    // fuses what it rebuilds itself.
+    llvm::DenseSet<StringRef> templates;
+    model.walk([&](moe::LayerOp layer) {
+      if (auto name = layer->getAttrOfType<FlatSymbolRefAttr>("layer_template"))
+        templates.insert(name.getValue());
     });
-    for (Adapted &m : matches) {
-      OpBuilder b(m.sum);
-      // The projection's output rounds where the unfused linear rounded it.
-      Type base = cast<RankedTensorType>(m.linear.getType()).getElementType();
-      auto fused = moe::LoRALinearOp::create(
-          b, m.sum.getLoc(), m.sum.getType(), m.linear.getInput(), m.linear.getWeight(), m.lora.getLoraA(),
-          m.lora.getLoraB(), m.lora.getScaleAttr(), m.lora.getDropoutAttr(), TypeAttr::get(base));
-      // What other passes marked the three with (a recomputed copy, ...) holds for the fused op.
-      for (Operation *op : {m.sum.getOperation(), m.linear.getOperation(), m.lora.getOperation()})
-        for (NamedAttribute attr : op->getDiscardableAttrs())
-          if (!fused->hasAttr(attr.getName()))
-            fused->setAttr(attr.getName(), attr.getValue());
-      m.sum.replaceAllUsesWith(fused.getResult());
-      m.sum.erase();
-      m.lora.erase();
-      m.linear.erase();
-      LLVM_DEBUG(llvm::dbgs() << "fused: " << fused << "\n");
-    }
+    for (auto layer : model.getBody().getOps<moe::LayerOp>())
+      if (!templates.contains(layer.getSymName()))
+        fuseAdaptedProjections(layer);
+    for (auto function : model.getBody().getOps<func::FuncOp>())
+      fuseAdaptedProjections(function);
   }
 };
 
 } // namespace
+
+int fuseAdaptedProjections(mlir::Operation *root) {
+  llvm::SmallVector<Adapted> matches;
+  root->walk([&](moe::AddOp sum) {
+    if (std::optional<Adapted> m = match(sum))
+      matches.push_back(*m);
+  });
+  for (Adapted &m : matches)
+    fuse(m);
+  return static_cast<int>(matches.size());
+}
+
 } // namespace moec::passes

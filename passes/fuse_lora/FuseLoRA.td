@@ -31,6 +31,11 @@ def FuseLoRAPass : Pass<"moe-fuse-lora", "::moec::moe::ModelOp"> {
     whose kernel adds the adapter's input gradient onto the projection's
     (one pass less; the sums in another order).
 
+    The layer templates the training layers were built from (`layer_template`)
+    stay unfused: under a memory cap, `--moe-plan-memory` rebuilds layers from
+    them (recompute, regather) by differentiating the unfused ops, then fuses
+    the rebuilt forward and recomputed copies as the layers they replace were.
+
     Before:
     ```mlir
     %y = moe.linear %x, %w : (tensor<?x64xf32>, tensor<32x64xf32>) -> tensor<?x32xf32>

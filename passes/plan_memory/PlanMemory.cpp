@@ -4,6 +4,7 @@
 
 #include "compiler/plan/Program.h"
 #include "passes/build_training_step/Differentiate.h"
+#include "passes/fuse_lora/FuseLoRA.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -78,6 +79,13 @@ LogicalResult switchFirstLayers(moe::ModelOp model, size_t count, Recompute poli
       return failure();
     if (pair->forward == training) // a layer without experts: regathering changes nothing
       continue;
+    // Built from the unfused template: fused as the layer it replaces was (--moe-fuse-lora).
+    bool fused = false;
+    training.walk([&](moe::LoRALinearOp) { fused = true; });
+    if (fused) {
+      fuseAdaptedProjections(pair->forward);
+      fuseAdaptedProjections(pair->backward);
+    }
     OpBuilder b(forward);
     auto newForward = b.create<moe::ApplyLayerOp>(
         forward.getLoc(), pair->forward.getResultTypes(), pair->forward.getSymName(),

@@ -58,6 +58,16 @@
 // UNFUSED-NOT: scratch
 // UNFUSED: peak
 
+// Under a memory cap the layers memory planning switches (here 23 recomputed, 25 regathered)
+// are fused like the others: the recompute column has 23 of 48 layers' projections.
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --memory-cap 61GiB --emit=report \
+// RUN:   | FileCheck %s --check-prefix=CAPPED
+// CAPPED: recompute: mixed (23 layer(s) recomputed, 25 gather their experts' token copies again in the backward)
+// CAPPED: linear 0.000 7.422 0.000
+// CAPPED: lora 0.000 0.438 0.000
+// CAPPED: lora_linear 7.641 0.000 3.661
+
 // Recomputing each layer re-runs its forward in the backward; the saved activations shrink.
 // RECOMPUTE: recompute: per-layer
 // RECOMPUTE: lora_linear 7.641 0.000 7.641

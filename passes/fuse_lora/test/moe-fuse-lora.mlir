@@ -2,6 +2,7 @@
 // RUN: moe-opt %inputs/adapted.mlir --pass-pipeline='builtin.module(moe.model(moe-fuse-lora,moe-build-training-step))' | FileCheck %s --check-prefix=STEP
 // RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8' | FileCheck %s --check-prefix=PIPELINE
 // RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8 fuse=false' | FileCheck %s --check-prefix=UNFUSED
+// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8 micro-batch=2 memory-cap=40000' | FileCheck %s --check-prefix=CAP
 
 // Tests that a projection, the update of its input and their sum become one op with the
 // update's scale and dropout and the sum's type, whichever side of the sum each is on.
@@ -84,3 +85,17 @@ moe.model @kept {
 // PIPELINE-NOT: moe.backward "moe.lora_linear"
 // UNFUSED-NOT: moe.lora_linear
 // UNFUSED: moe.lora {{[%]}}
+
+// Tests that the template the training layers come from stays unfused, and that the layers
+// memory planning rebuilds from it under a cap (here recomputed) are fused as the ones they
+// replace were: the forward and its recomputed copy, the backward of the unfused ops.
+// CAP: moe.layer @mlp(
+// CAP-NOT: moe.lora_linear
+// CAP: moe.lora {{[%]}}
+// CAP: moe.layer @mlp_fwd_recompute(
+// CAP: moe.lora_linear
+// CAP: moe.layer @mlp_bwd_recompute(
+// CAP: moe.lora_linear {{.*}}recomputed
+// CAP: moe.backward "moe.lora"
+// CAP: moe.backward "moe.linear"(%arg0
+// CAP-NOT: moe.backward "moe.lora_linear"
