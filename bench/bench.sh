@@ -46,13 +46,14 @@ if [ "${1:-}" = plans ]; then
     # 64.6 GiB measured on the H200).
     [ "$p" = P1 ] && extra=(--memory-cap 64.5GiB)
     # (a later --lora-targets wins: P3's adds the expert projections)
+    # --fuse-lora: what session 14's table measured (off by default: docs/alignment.md).
     "$moec" compile "${config[$p]}" --lora-rank 32 --lora-alpha 64 --lora-targets "$(targets_of $p)" \
-      --seq-len "${tokens[$p]}" --lr 1e-4 --warmup-steps 0 "${extra[@]}" -o "$dir/$p.moeplan"
+      --seq-len "${tokens[$p]}" --lr 1e-4 --warmup-steps 0 --fuse-lora "${extra[@]}" -o "$dir/$p.moeplan"
   done
   # The loss-curve check (bench/loss_agreement.py): P1's shapes with 4 layers, its optimizer.
   "$moec" compile tests/gpu/Inputs/qwen3-30b-a3b-4layers.json --lora-rank 32 --lora-alpha 64 \
     --lora-targets $attention --seq-len 4096 --lr 1e-3 --warmup-steps 0 --schedule constant \
-    --max-grad-norm 1.0 --weight-decay 0 -o "$dir/loss.moeplan"
+    --max-grad-norm 1.0 --weight-decay 0 --fuse-lora -o "$dir/loss.moeplan"
   exit 0
 fi
 

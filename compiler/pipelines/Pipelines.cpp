@@ -45,8 +45,9 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   // adapts the head, so the pattern is the same with or without adapters).
   // After the step too: the fused projections' backward stays the unfused ops' (the same sums
   // in the same order, as the alignment tests hold them to PEFT's).
-  if (options.fuse) {
+  if (options.fuseLora)
     model.addPass(passes::createFuseLoRAPass());
+  if (options.fuse) {
     passes::FusePassOptions fuse;
     fuse.chunkTokens = options.fuseChunkTokens;
     model.addPass(passes::createFusePass(fuse));

@@ -61,9 +61,12 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<int64_t> microBatch{*this, "micro-batch", llvm::cl::desc("Sequences per step"),
                              llvm::cl::init(1)};
   Option<bool> fuse{*this, "fuse",
-                    llvm::cl::desc("After the training step, fuse each adapted projection with its LoRA "
-                                   "update (--moe-fuse-lora) and the LM head with the loss (--moe-fuse)"),
+                    llvm::cl::desc("Fuse the LM head with the loss (--moe-fuse) after the training step"),
                     llvm::cl::init(true)};
+  Option<bool> fuseLora{*this, "fuse-lora",
+                        llvm::cl::desc("After the training step, each adapted projection's forward as one "
+                                       "moe.lora_linear (--moe-fuse-lora)"),
+                        llvm::cl::init(false)};
   Option<int64_t> fuseChunkTokens{*this, "fuse-chunk-tokens",
                                   llvm::cl::desc("Rows of logits the fused LM head and loss hold at a time"),
                                   llvm::cl::init(1024)};

@@ -23,7 +23,7 @@ def FuseLoRAPass : Pass<"moe-fuse-lora", "::moec::moe::ModelOp"> {
     else (a bias, a value read elsewhere, a collective in between) stays as
     it is. The backward ops read the input, the weights and the output's
     gradient, not these results, so after `--moe-build-training-step` (where
-    `moe-lora-training` runs it, with `fuse` on) the step's backward is left
+    `moe-lora-training` runs it, with `fuse-lora` on) the step's backward is left
     as it was: the same sums of input gradients in the same order, which the
     bf16 alignment tests hold to PEFT's (its Adam steps amplify a change of
     summation order in the last bits). Before the step, the fused op is

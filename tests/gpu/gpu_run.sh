@@ -17,7 +17,8 @@
 #                               skips the stopped-rank check
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
-#                               and bf16 (and three in f32 with --fused-expert-backward), and 6
+#                               and bf16 (and bf16 with --fuse-lora, three in f32 with
+#                               --fused-expert-backward), and 6
 #                               training steps of Qwen3-30B-A3B (48 and 4
 #                               layers) and Qwen3-Next-80B-A3B (4 layers) at 4096 tokens on
 #                               random weights; full logs go to $OUT (or .gpu/out), a table last.
@@ -66,8 +67,8 @@ if [ "${1:-}" = pack ]; then
   # with the loss) for training, an unfused one (--base-plan) for hidden states and logits.
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for fuse in fused unfused; do
-        extra=(); [ "$fuse" = unfused ] && extra=(--no-fuse)
+      for fuse in fused unfused fuselora; do
+        extra=(); [ "$fuse" = unfused ] && extra=(--no-fuse); [ "$fuse" = fuselora ] && extra=(--fuse-lora)
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
           --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
           --weight-decay 0 --dtype "$dtype" "${extra[@]}" -o "$pack/plans/$f.$dtype.$fuse.moeplan" 2>/dev/null
@@ -208,6 +209,15 @@ for f in "${families[@]}"; do
     { echo "===== moe-align $f $dtype ($status)"; cat "$out/one.log"; } >>"$out/align.log"
     summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype $dtype" "$status" "$(tail -1 "$out/one.log")")")
   done
+done
+# The projections fused with their LoRA updates (--fuse-lora, off by default until this agrees:
+# docs/alignment.md), bf16 against the same references.
+for f in "${families[@]}"; do
+  if "$pack/bin/moe-align" "$pack/golden/$f" --backend cuda --dtype bfloat16 --golden "tests/golden/bf16/$f.safetensors" \
+    --bf16-spread "tests/golden/bf16/$f.transformers_bf16.safetensors" --plan "$pack/plans/$f.bfloat16.fuselora.moeplan" \
+    --base-plan "$pack/plans/$f.bfloat16.unfused.moeplan" >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
+  { echo "===== moe-align $f bfloat16 --fuse-lora ($status)"; cat "$out/one.log"; } >>"$out/align.log"
+  summary+=("$(printf '%-62s %-7s %s' "moe-align $f --dtype bfloat16 --fuse-lora" "$status" "$(tail -1 "$out/one.log")")")
 done
 for plan in "$pack"/plans/*.float32.fused-experts.moeplan; do
   f="$(basename "$plan" .float32.fused-experts.moeplan)"

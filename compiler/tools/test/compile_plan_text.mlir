@@ -13,6 +13,9 @@
 // RUN:   | FileCheck %s --check-prefix=BINARY
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --micro-batch 2 \
 // RUN:   --no-fuse --emit=plan-text | FileCheck %s --check-prefix=UNFUSED
+// RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj,k_proj,v_proj,o_proj \
+// RUN:   --lora-rank 4 --lora-alpha 8 --seq-len 96 --micro-batch 2 --fuse-lora --emit=plan-text \
+// RUN:   | FileCheck %s --check-prefix=FUSELORA
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --emit=report \
 // RUN:   --mlir-print-ir-after-all 2>&1 | FileCheck %s --check-prefix=IR
 //
@@ -32,8 +35,8 @@
 // Dispatched tokens: one row per (token, chosen expert): 192 x top-2.
 // CHECK-DAG: activation f32 [384,64] {{.*}} "layer0.dispatch.{{[0-9]+}}#0"
 // The step: forward, loss, backward; gradients only for the adapters.
-// Each adapted projection is one launch with its LoRA update (--moe-fuse-lora).
-// CHECK: fwd L0 s0 lora_linear
+// CHECK: fwd L0 s0 linear
+// CHECK: fwd L0 s0 lora
 // The LM head and the loss are one fused launch (--moe-fuse): the loss, a logsumexp per token
 // and (the head is frozen) the input's gradient, which the backward scales.
 // CHECK: fwd s0 lm_head_cross_entropy %{{[0-9]+}}, %{{[0-9]+}}, %2 -> %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}} {{{.*}}chunk_tokens=1024, ignore_index=-100, logits_type="f32", shift_labels=true
@@ -48,7 +51,7 @@
 // CHECK-NOT: lora_tensor
 
 // RECOMPUTE: recompute=per-layer
-// RECOMPUTE: recompute L1 s0 lora_linear
+// RECOMPUTE: recompute L1 s0 linear
 // RECOMPUTE-NOT: recompute L1 s0 router
 // RECOMPUTE: bwd L1 s0 router.backward
 
@@ -78,3 +81,12 @@
 // EXPERTS: lora_param f32 [8,8,64] {{.*}} "base_model.model.model.layers.0.mlp.experts.{expert}.up_proj.lora_A.weight"
 // Operand positions count present operands only: tokens, counts, up, down, gate, up_lora A and B.
 // EXPERTS: bwd L1 s0 expert_mlp.backward {{.*}}grad_of_inputs=[0,5,6], {{.*}}lora_scale=5.656854
+
+// --fuse-lora: each adapted projection's forward is one launch with its LoRA update
+// (--moe-fuse-lora), its projection's part rounded where the linear's was; the backward keeps
+// the unfused ops.
+// FUSELORA: fwd L0 s0 lora_linear {{.*}}base_type="f32"
+// FUSELORA-NOT: fwd L0 s0 lora {{.*}}
+// FUSELORA: bwd L1 s0 lora.backward {{.*}}grad_of_inputs=[0,1,2]
+// FUSELORA: bwd L1 s0 linear.backward {{.*}}grad_of_inputs=[0]
+// FUSELORA-NOT: lora_linear.backward

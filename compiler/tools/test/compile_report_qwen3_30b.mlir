@@ -25,16 +25,12 @@
 // 2048*(4096+512+512) + 4096*2048 = 18,874,368, router 2048*128 = 262,144 counted apart)
 //   = 7,421,703,487,488: 7.422 T. The LM head, fused with the loss (--moe-fuse), is
 // 2 * 4096 * 2048 * 151936 = 2,549,063,090,176: 2.549 T.
-// In the forward each adapted projection is one op with its update (--moe-fuse-lora): the
-// adapters add 2 * 4096 * 48 * 32 * ((2048+4096) + (2048+512) * 2 + (4096+2048)) = 0.219 T.
-// The backward keeps the unfused ops: the frozen projections' is their input gradient only
-// (1x), the adapters' twice their forward. The frozen fused head forms its input's gradient in
-// the forward (2x there) and its backward only scales it.
+// Without recompute the frozen projections' backward is their input gradient only: 1x; the
+// frozen fused head forms its input's gradient in the forward (2x there) and its backward only
+// scales it.
 // CHECK: kernel forward backward recompute
-// CHECK: linear 0.000 7.422 0.000
+// CHECK: linear 7.422 7.422 0.000
 // CHECK: lm_head_cross_entropy 5.098 0.000 0.000
-// CHECK: lora 0.000 0.438 0.000
-// CHECK: lora_linear 7.641 0.000 0.000
 // CHECK: total
 // The weights in bf16: 30,532,122,624 * 2 bytes (each buffer rounded up to 256 bytes).
 // CHECK: memory per rank (arena sizes):
@@ -58,11 +54,14 @@
 // UNFUSED-NOT: scratch
 // UNFUSED: peak
 
-// Under a memory cap the layers memory planning switches (here 23 recomputed, 25 regathered)
-// are fused like the others: the recompute column has 23 of 48 layers' projections.
+// --fuse-lora: in the forward each adapted projection is one op with its update (--moe-fuse-lora):
+// the adapters add 2 * 4096 * 48 * 32 * ((2048+4096) + (2048+512) * 2 + (4096+2048)) = 0.219 T;
+// the backward keeps the unfused ops (the adapters' twice their forward). Under a memory cap the
+// layers memory planning switches (here 23 recomputed, 25 regathered) are fused like the others:
+// the recompute column has 23 of 48 layers' projections.
 // RUN: moec compile %root/models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
-// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --memory-cap 61GiB --emit=report \
-// RUN:   | FileCheck %s --check-prefix=CAPPED
+// RUN:   --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --memory-cap 61GiB --fuse-lora \
+// RUN:   --emit=report | FileCheck %s --check-prefix=CAPPED
 // CAPPED: recompute: mixed (23 layer(s) recomputed, 25 gather their experts' token copies again in the backward)
 // CAPPED: linear 0.000 7.422 0.000
 // CAPPED: lora 0.000 0.438 0.000
@@ -70,7 +69,7 @@
 
 // Recomputing each layer re-runs its forward in the backward; the saved activations shrink.
 // RECOMPUTE: recompute: per-layer
-// RECOMPUTE: lora_linear 7.641 0.000 7.641
+// RECOMPUTE: linear 7.422 7.422 7.422
 // RECOMPUTE: activation {{[0-9]\.[0-9]+}} GiB
 
 // Expert parallel over 2 ranks: a token has an expert on the other rank unless all 8 of its

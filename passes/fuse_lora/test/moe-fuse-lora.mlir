@@ -1,8 +1,8 @@
 // RUN: moe-opt %s -split-input-file --pass-pipeline='builtin.module(moe.model(moe-fuse-lora))' | FileCheck %s
 // RUN: moe-opt %inputs/adapted.mlir --pass-pipeline='builtin.module(moe.model(moe-fuse-lora,moe-build-training-step))' | FileCheck %s --check-prefix=STEP
-// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8' | FileCheck %s --check-prefix=PIPELINE
-// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8 fuse=false' | FileCheck %s --check-prefix=UNFUSED
-// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8 micro-batch=2 memory-cap=40000' | FileCheck %s --check-prefix=CAP
+// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8 fuse-lora=true' | FileCheck %s --check-prefix=PIPELINE
+// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8' | FileCheck %s --check-prefix=UNFUSED
+// RUN: moe-opt %inputs/adapted.mlir --moe-lora-training='seq-len=8 micro-batch=2 memory-cap=40000 fuse-lora=true' | FileCheck %s --check-prefix=CAP
 
 // Tests that a projection, the update of its input and their sum become one op with the
 // update's scale and dropout and the sum's type, whichever side of the sum each is on.
@@ -75,8 +75,8 @@ moe.model @kept {
 // STEP-NOT: moe.backward "moe.lora"
 // STEP-NOT: moe.backward "moe.linear"(%arg0
 
-// Tests that moe-lora-training fuses the forward after the step, whose backward keeps the
-// unfused pair's two backward ops and their input gradients' sum; not with fuse=false.
+// Tests that moe-lora-training with fuse-lora fuses the forward after the step, whose backward
+// keeps the unfused pair's two backward ops and their input gradients' sum; by default it does not.
 // PIPELINE: moe.lora_linear
 // PIPELINE-NOT: moe.lora {{[%]}}
 // PIPELINE: moe.backward "moe.lora"
