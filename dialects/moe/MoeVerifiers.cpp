@@ -528,46 +528,33 @@ LogicalResult CombineOp::verify() {
                   c.sameElementType("expert_output", getExpertOutput(), "result", getResult())));
 }
 
+/// A LoRA adapter on `input`: lora_a [r, in], lora_b [out, r] of one type (f32, or the input's),
+/// and a result [rows, out] of the input's type or f32 (moe.lora's update; moe.lora_linear's
+/// output, whose f32 is a tensor-parallel rank's partial sum).
+static bool adapterFits(Checker &c, Value input, Value loraA, Value loraB, Value result) {
+  int64_t rank = tensorType(loraA).getDimSize(0);
+  return c.rank("input", input, 2) && c.rank("lora_a", loraA, 2) && c.rank("lora_b", loraB, 2) &&
+         c.dim("lora_a", loraA, 1, tensorType(input).getDimSize(1), "input features") &&
+         c.dim("lora_b", loraB, 1, rank, "adapter rank") && c.sameElementType("lora_a", loraA, "lora_b", loraB) &&
+         (tensorType(loraA).getElementType().isF32() || c.sameElementType("input", input, "lora_a", loraA)) &&
+         c.rank("result", result, 2) && c.sameDim("input", input, 0, "result", result, 0) &&
+         (tensorType(result).getElementType().isF32() || c.sameElementType("input", input, "result", result)) &&
+         c.dim("result", result, 1, tensorType(loraB).getDimSize(0), "lora_b output features");
+}
+
 LogicalResult LoRAOp::verify() {
   Checker c(*this);
-  int64_t rank = tensorType(getLoraA()).getDimSize(0);
-  return success(c.rank("input", getInput(), 2) && c.rank("lora_a", getLoraA(), 2) &&
-                 c.rank("lora_b", getLoraB(), 2) &&
-                 c.dim("lora_a", getLoraA(), 1, tensorType(getInput()).getDimSize(1),
-                       "input features") &&
-                 c.dim("lora_b", getLoraB(), 1, rank, "adapter rank") &&
-                 c.sameElementType("lora_a", getLoraA(), "lora_b", getLoraB()) &&
-                 (tensorType(getLoraA()).getElementType().isF32() ||
-                  c.sameElementType("input", getInput(), "lora_a", getLoraA())) &&
-                 c.rank("result", getResult(), 2) &&
-                 c.sameDim("input", getInput(), 0, "result", getResult(), 0) &&
-                 (tensorType(getResult()).getElementType().isF32() ||
-                  c.sameElementType("input", getInput(), "result", getResult())) &&
-                 c.dim("result", getResult(), 1, tensorType(getLoraB()).getDimSize(0),
-                       "lora_b output features"));
+  return success(adapterFits(c, getInput(), getLoraA(), getLoraB(), getResult()));
 }
 
 LogicalResult LoRALinearOp::verify() {
   Checker c(*this);
   RankedTensorType w = tensorType(getWeight());
-  int64_t rank = tensorType(getLoraA()).getDimSize(0);
-  bool ok = c.rank("input", getInput(), 2) && c.rank("weight", getWeight(), 2) &&
-                 c.dim("weight", getWeight(), 1, tensorType(getInput()).getDimSize(1), "input features") &&
-                 c.sameElementType("input", getInput(), "weight", getWeight()) &&
-                 c.rank("lora_a", getLoraA(), 2) && c.rank("lora_b", getLoraB(), 2) &&
-                 c.dim("lora_a", getLoraA(), 1, w.getDimSize(1), "weight input features") &&
-                 c.dim("lora_b", getLoraB(), 0, w.getDimSize(0), "weight output features") &&
-                 c.dim("lora_b", getLoraB(), 1, rank, "adapter rank") &&
-                 c.sameElementType("lora_a", getLoraA(), "lora_b", getLoraB()) &&
-                 (tensorType(getLoraA()).getElementType().isF32() ||
-                  c.sameElementType("input", getInput(), "lora_a", getLoraA())) &&
-                 c.rank("result", getResult(), 2) &&
-                 c.sameDim("input", getInput(), 0, "result", getResult(), 0) &&
-                 c.dim("result", getResult(), 1, w.getDimSize(0), "weight output features") &&
-                 // f32 on narrower data: a tensor-parallel rank's partial sum, as moe.linear's.
-                 (tensorType(getResult()).getElementType().isF32() ||
-                  c.sameElementType("input", getInput(), "result", getResult()));
-  if (!ok)
+  if (!(c.rank("input", getInput(), 2) && c.rank("weight", getWeight(), 2) &&
+        c.dim("weight", getWeight(), 1, tensorType(getInput()).getDimSize(1), "input features") &&
+        c.sameElementType("input", getInput(), "weight", getWeight()) && c.rank("lora_b", getLoraB(), 2) &&
+        c.dim("lora_b", getLoraB(), 0, w.getDimSize(0), "weight output features") &&
+        adapterFits(c, getInput(), getLoraA(), getLoraB(), getResult())))
     return failure();
   Type result = tensorType(getResult()).getElementType();
   if (getBaseType() && *getBaseType() != result)
