@@ -6,6 +6,9 @@
 #                               binaries, the libraries they need and the golden files to .gpu/
 #   tests/gpu/gpu_run.sh bench  on the GPU machine: the kernel micro-benchmarks (*_bench) and
 #                               the table of bench/bench.sh (KERNELS_ONLY=1: the former only)
+#   tests/gpu/gpu_run.sh profile  on the GPU machine: a bench plan's step (PLAN=P4 by default) by
+#                               op (MOEC_PROFILE=1), the SM clock and power under load, and one
+#                               step's kernels under ncu ($OUT/ncu.csv)
 #   tests/gpu/gpu_run.sh mesh   on a machine with 2 GPUs: the NCCL and expert MLP tests, every
 #                               golden family on dp=2, ep=2 (and ep=2-all: --ep-exchange all), pp=2
 #                               and tp=2 (a GPU per rank) against one GPU (moe-mesh-check, f32 and
@@ -124,12 +127,31 @@ if [ "${1:-}" = pack ]; then
   exit 0
 fi
 
-[ "${1:-}" = run ] || [ "${1:-}" = bench ] || [ "${1:-}" = mesh ] || { echo "usage: $0 pack|run|bench|mesh" >&2; exit 2; }
+[ "${1:-}" = run ] || [ "${1:-}" = bench ] || [ "${1:-}" = mesh ] || [ "${1:-}" = profile ] ||
+  { echo "usage: $0 pack|run|bench|mesh|profile" >&2; exit 2; }
 out="${OUT:-$pack/out}"
 mkdir -p "$out"
 [ -f "$pack/pack.tar.xz" ] && tar -C "$pack" -xJf "$pack/pack.tar.xz"
 export LD_LIBRARY_PATH="$PWD/$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
+if [ "$1" = profile ]; then # where a bench plan's step goes (PLAN: P1..P4, default P4)
+  plan="$pack/plans/bench/${PLAN:-P4}.moeplan"
+  run=(bench --backend cuda --plan "$plan" --random-weights 0)
+  MOEC_PROFILE=1 "$pack/bin/moe-run" "${run[@]}" --steps 4 --warmup 2 >"$out/profile.log" 2>&1
+  cat "$out/profile.log"
+  # The SM clock and power through 20 steps: P4 runs at the 700 W cap (bench/NOTES.md v12).
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader \
+    -lms 50 >"$out/clocks.csv" &
+  sampler=$!
+  "$pack/bin/moe-run" "${run[@]}" --steps 20 --warmup 2 2>&1 | tail -1
+  kill "$sampler"
+  awk -F', ' '$3 + 0 > 400 {n++; c += $2; p += $3} END {if (n) printf "under load: SM clock %.0f MHz, %.0f W (%d samples)\n", c / n, p / n, n}' \
+    "$out/clocks.csv"
+  # One step's kernels one at a time (ncu's clocks, caches flushed: ratios, not the step).
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$pack/bin/moe-run" "${run[@]}" \
+    --steps 1 --warmup 0 >"$out/ncu.csv" 2>"$out/ncu.err" || echo "ncu: see $out/ncu.err"
+  exit 0
+fi
 if [ "$1" = bench ]; then # the kernel micro-benchmarks and the single-GPU table (bench/bench.sh)
   for b in "$pack"/bin/bench/*; do
     [ -f "$b" ] && { echo "===== $(basename "$b")"; "$b" || echo "FAILED: $(basename "$b")"; } 2>&1 | tee -a "$out/kernel_bench.log"
