@@ -66,13 +66,23 @@ LmHeadLossShape checkLmHeadLoss(const KernelContext &ctx) {
   if (ctx.attrBool("shift_labels") && (ctx.seqLen <= 0 || s.rows % ctx.seqLen != 0))
     ctx.fail("shift_labels needs whole sequences: " + std::to_string(s.rows) +
              " rows are not a multiple of seq_len " + std::to_string(ctx.seqLen));
-  if (ctx.has("logits_type")) {
-    std::string type = ctx.attrString("logits_type");
-    if (type != "f32" && type != "bf16")
-      ctx.fail("logits_type must be f32 or bf16, got " + type);
-    s.logitsType = type == "bf16" ? plan::BF16 : plan::F32;
-  }
+  s.logitsType = roundingTypeAttr(ctx, "logits_type");
   return s;
+}
+
+plan::DType roundingTypeAttr(const KernelContext &ctx, const std::string &name) {
+  if (!ctx.has(name))
+    return plan::DTYPE_UNSPECIFIED;
+  std::string type = ctx.attrString(name);
+  if (type != "f32" && type != "bf16")
+    ctx.fail(name + " must be f32 or bf16, got " + type);
+  return type == "bf16" ? plan::BF16 : plan::F32;
+}
+
+plan::DType checkLoraLinear(const KernelContext &ctx, int64_t weightOut, int64_t loraOut) {
+  if (loraOut != weightOut)
+    ctx.fail("lora_b has " + std::to_string(loraOut) + " output features, the weight " + std::to_string(weightOut));
+  return roundingTypeAttr(ctx, "base_type");
 }
 
 BackwardLaunch::BackwardLaunch(const KernelContext &ctx, size_t numResults,

@@ -93,6 +93,14 @@ AdamWConstants adamwLaunch(const KernelContext &ctx);
 /// of its input, or for a scalar result element `index`): (byte offset, bytes) to copy.
 std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx);
 
+/// A type attribute that names where a fused kernel rounds (f32 or bf16: logits_type,
+/// base_type): DTYPE_UNSPECIFIED when absent, a failure naming it for any other value.
+plan::DType roundingTypeAttr(const KernelContext &ctx, const std::string &name);
+
+/// lora_linear's launch beyond the shapes each backend reads: lora_b must end in the weight's
+/// output features; returns base_type (roundingTypeAttr), where the projection's part rounds.
+plan::DType checkLoraLinear(const KernelContext &ctx, int64_t weightOut, int64_t loraOut);
+
 /// One contiguous copy of a `token_blocks` or `concat_tokens` launch.
 struct BlockCopy {
   void *dst;

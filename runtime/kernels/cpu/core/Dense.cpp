@@ -172,17 +172,8 @@ struct LoraLinearArgs {
 
   LoraLinearArgs(const KernelContext &ctx, size_t operands)
       : base(ctx, 2), // the input and the weight (operands 0 and 1; LoraArgs counts all four)
-        lora(ctx, operands, 2) {
-    if (lora.out != base.out)
-      ctx.fail("lora_b has " + std::to_string(lora.out) + " output features, the weight " +
-               std::to_string(base.out));
-    if (ctx.has("base_type")) {
-      std::string type = ctx.attrString("base_type");
-      if (type != "f32" && type != "bf16")
-        ctx.fail("base_type must be f32 or bf16, got " + type);
-      roundBase = type == "bf16";
-    }
-  }
+        lora(ctx, operands, 2),
+        roundBase(checks::core::checkLoraLinear(ctx, base.out, lora.out) == plan::BF16) {}
 
   /// The projection's part of an output [rows, width], rounded as its unfused op's result was.
   void roundBasePart(const KernelContext &ctx, float *data, int64_t rows, int64_t width) const {

@@ -202,21 +202,17 @@ struct LoraLinearArgs {
   LinearArgs base;
   LoraArgs lora;
 
+  plan::DType baseType; // base_type (unspecified: none given)
+
   LoraLinearArgs(const KernelContext &ctx, size_t operands)
       : base(ctx, 2), // the input and the weight (operands 0 and 1; LoraArgs counts all four)
-        lora(ctx, operands, 2) {
-    if (lora.out != base.out)
-      ctx.fail("lora_b has " + std::to_string(lora.out) + " output features, the weight " +
-               std::to_string(base.out));
-  }
+        lora(ctx, operands, 2), baseType(checks::core::checkLoraLinear(ctx, base.out, lora.out)) {}
 
   /// The projection's part rounds in the buffer it is written to: base_type must be its type.
-  static void expectBaseType(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
-    if (!ctx.has("base_type"))
-      return;
-    std::string type = ctx.attrString("base_type");
-    if (type != plan::dtypeName(t.dtype))
-      ctx.fail("base_type " + type + " differs from the " + what + "'s " + plan::dtypeName(t.dtype));
+  void expectBaseType(const KernelContext &ctx, const TensorRef &t, const std::string &what) const {
+    if (baseType != plan::DTYPE_UNSPECIFIED && baseType != t.dtype)
+      ctx.fail(std::string("base_type ") + plan::dtypeName(baseType) + " differs from the " + what + "'s " +
+               plan::dtypeName(t.dtype));
   }
 };
 
@@ -229,7 +225,7 @@ void loraLinear(KernelContext &ctx) {
   const TensorRef &result = ctx.out(0);
   expectRowsShape(ctx, result, "result", ctx.in(0), a.out);
   expectFloats(ctx, result, "result");
-  LoraLinearArgs::expectBaseType(ctx, result, "result");
+  f.expectBaseType(ctx, result, "result");
   if (a.rows == 0 || a.out == 0)
     return;
   Workspace ws(ctx);
@@ -250,7 +246,7 @@ void loraLinearBackward(KernelContext &ctx) {
   const TensorRef &dy = launch.resultGrad0(shape);
   const TensorRef *dx = launch.operandGrad(0), *dw = launch.operandGrad(1);
   if (dx)
-    LoraLinearArgs::expectBaseType(ctx, *dx, "input gradient");
+    f.expectBaseType(ctx, *dx, "input gradient");
   Workspace ws(ctx);
   if (dw) // dW = dyᵀ x
     gemmAny(ctx, ws, true, false, l.out, l.in, l.rows, 1.0f, matrixOf(dy), l.out, matrixOf(*l.x), l.in, 0.0f,

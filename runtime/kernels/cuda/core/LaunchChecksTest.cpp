@@ -136,6 +136,18 @@ TEST(CudaLaunchChecks, Dense) {
       .input(randomTensor({5, 2}, 3))
       .output(plan::F32, {3, 5});
   EXPECT_THAT(cudaFailureOf(noScale), HasSubstr("missing attribute 'scale'"));
+
+  KernelCall loraLinear(registry(), "lora_linear");
+  loraLinear.input(randomTensor({3, 4}, 1))
+      .input(randomTensor({5, 4}, 4))
+      .input(randomTensor({2, 4}, 2))
+      .input(randomTensor({6, 2}, 3))
+      .attr("scale", 2.0)
+      .output(plan::F32, {3, 5});
+  EXPECT_THAT(cudaFailureOf(loraLinear), HasSubstr("lora_b has 6 output features, the weight 5"));
+  loraLinear.inputsRef()[3] = randomTensor({5, 2}, 3);
+  loraLinear.attr("base_type", "f16");
+  EXPECT_THAT(cudaFailureOf(loraLinear), HasSubstr("base_type must be f32 or bf16, got f16"));
 }
 
 TEST(CudaLaunchChecks, Elementwise) {
