@@ -331,12 +331,12 @@ private:
                             : s.gated     ? Activation::silu
                                           : Activation::relu2;
     auto experts = b.create<ExpertMLPOp>(
-        loc, act(width), dispatch.getTokens(), dispatch.getCounts(), up, down, gate, upBias,
+        loc, act(width), /*pre_activations, added by --moe-build-training-step:*/ Type(), dispatch.getTokens(), dispatch.getCounts(), up, down, gate, upBias,
         downBias, /*expert LoRA, added by --moe-inject-lora:*/ Value(), Value(), Value(), Value(),
         Value(), Value(), activation, s.fusedGateUp, s.fusedGateUp,
         s.fusedGateUp && s.swigluLimit ? b.getF64FloatAttr(*s.swigluLimit) : FloatAttr(),
         FloatAttr());
-    Value out = b.create<CombineOp>(loc, act(width), experts, route.getIndices(), route.getWeights());
+    Value out = b.create<CombineOp>(loc, act(width), experts.getResult(), route.getIndices(), route.getWeights());
     if (s.latentSize)
       out = linear(out, m + "fc2_latent_proj", spec.hiddenSize);
     if (s.sharedIntermediate) {

@@ -572,6 +572,16 @@ def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
     r, in]` and `B: [E, out, r]` in PEFT's per-expert layout, adding
     `lora_scale * B_e (A_e x)` to that projection's output for expert `e`.
 
+    An optional second result `pre_activations: [rows, 2 I]` (f32: the
+    products' accumulators, what a backward would compute again) holds each
+    row's `gate x` in columns `[0, I)` and `up x` in `[I, 2 I)` (zero past
+    the counted rows). Only gated SiLU experts with a
+    separate gate, no biases and no LoRA have it:
+    `--moe-build-training-step` adds it to the expert MLPs of layers that
+    save their activations (`recompute=none`) where the experts' backward is
+    fused with the combine's, so that the backward reads the pre-activations
+    instead of running the gate and up products again.
+
     ```mlir
     %y = moe.expert_mlp %t, %counts, up %up, down %down gate %gate
         up_lora %ua, %ub down_lora %da, %db {activation = #moe<activation silu>, lora_scale = 2.0 : f64}
@@ -586,7 +596,7 @@ def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
                    Optional<Moe_Tensor>:$down_lora_a, Optional<Moe_Tensor>:$down_lora_b,
                    Moe_ActivationAttr:$activation, UnitAttr:$fused_gate_up, UnitAttr:$in_out_layout,
                    OptionalAttr<F64Attr>:$limit, OptionalAttr<F64Attr>:$lora_scale);
-  let results = (outs Moe_Tensor:$result);
+  let results = (outs Moe_Tensor:$result, Optional<RankedTensorOf<[F32]>>:$pre_activations);
   let assemblyFormat = [{
     $tokens `,` $counts `,` `up` $up `,` `down` $down (`gate` $gate^)? (`up_bias` $up_bias^)?
     (`down_bias` $down_bias^)? (`gate_lora` $gate_lora_a^ `,` $gate_lora_b)?
@@ -776,7 +786,8 @@ def Moe_BackwardOp : Moe_Op<"backward", [Pure, AttrSizedOperandSegments]> {
     `moe.expert_mlp`'s outputs in one (`--moe-build-training-step`'s
     `expert-backward`): its inputs are the expert MLP's operands
     (`forward_attrs` are its attributes), then the combine's indices and
-    weights; no expert output among them.
+    weights; no expert output among them. Its `outputs` are the expert
+    MLP's `pre_activations` where it saves them (else none).
 
     ```mlir
     %dx = moe.backward "moe.linear"(%x, %w) grads(%dy)

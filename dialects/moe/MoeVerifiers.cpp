@@ -510,7 +510,18 @@ LogicalResult ExpertMLPOp::verify() {
     return failure();
   if (getDownBias() && !c.numElements("down_bias", getDownBias(), e * d, "experts * features"))
     return failure();
-  return verifyExpertLoRA(*this, c, e, d, inter);
+  if (failed(verifyExpertLoRA(*this, c, e, d, inter)))
+    return failure();
+  if (Value pre = getPreActivations()) {
+    if (!getGate() || act != Activation::silu || getUpBias() || getDownBias() || getLoraScaleAttr())
+      return emitOpError("pre_activations are saved only for gated SiLU experts with a separate gate, no "
+                         "biases and no LoRA");
+    if (!(c.rank("pre_activations", pre, 2) && c.sameDim("tokens", getTokens(), 0, "pre_activations", pre, 0) &&
+          c.dim("pre_activations", pre, 1, ShapedType::isDynamic(inter) ? inter : 2 * inter,
+                "twice the expert intermediate size: gate, then up")))
+      return failure();
+  }
+  return success();
 }
 
 

@@ -39,10 +39,14 @@ def BuildTrainingStepPass : Pass<"moe-build-training-step", "::moec::moe::ModelO
     operands' that need one, then the weights'). The combine's own backward
     reads the expert outputs for the router weights' gradient (d y . expert
     output); the fused one forms it inside the experts' backward, so the
-    expert outputs (top-k rows of hidden size per token) are not saved. The
-    model gets the policy as its `expert_backward` attribute, which every
-    layer template built later (the memory planner's recompute pairs)
-    follows.
+    expert outputs (top-k rows of hidden size per token) are not saved. In a
+    layer that saves (`recompute=none`), a gated SiLU expert MLP (separate
+    gate, no bias or LoRA) with this backward also saves its
+    `pre_activations` ([rows, 2 I] f32: gate x, then up x), the fused
+    backward's `outputs`: it then does not run the gate and up products
+    again. The model gets the policy as its `expert_backward` attribute,
+    which every layer template built later (the memory planner's recompute
+    pairs) follows.
 
     Before (after `--moe-inject-lora`):
     ```mlir

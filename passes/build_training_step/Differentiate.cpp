@@ -20,6 +20,22 @@ void accumulate(OpBuilder &builder, Location loc, llvm::DenseMap<Value, Value> &
   sum = sum ? builder.create<moe::AddOp>(loc, sum, grad).getResult() : grad;
 }
 
+/// Gated SiLU experts with a separate gate and nothing else (no bias, no LoRA): the form whose
+/// gate and up products the CUDA kernels run as one (and whose pre-activations can be saved).
+bool isPlainGatedSilu(moe::ExpertMLPOp experts) {
+  return experts.getGate() && experts->getNumOperands() == 5 && experts.getActivation() == moe::Activation::silu &&
+         !experts.getFusedGateUp() && !experts.getInOutLayout();
+}
+
+/// Whether the policy gives this expert MLP's combine the fused backward (fuseExpertBackward).
+bool fusesWithCombine(moe::ExpertMLPOp experts, ExpertBackward policy) {
+  if (policy == ExpertBackward::Separate || !experts.getResult().hasOneUse() ||
+      !isa<moe::CombineOp>(*experts.getResult().getUsers().begin()))
+    return false;
+  auto tokens = cast<RankedTensorType>(experts.getTokens().getType());
+  return policy == ExpertBackward::Fused || (tokens.getElementType().isBF16() && isPlainGatedSilu(experts));
+}
+
 /// The backward of a moe.combine of a moe.expert_mlp's outputs (read by nothing else) as one
 /// moe.backward "moe.expert_mlp_combine": inputs the expert MLP's operands, then the combine's
 /// indices and weights; gradients of the expert MLP's operands that need one and of the weights.
@@ -29,14 +45,9 @@ void accumulate(OpBuilder &builder, Location loc, llvm::DenseMap<Value, Value> &
 bool fuseExpertBackward(moe::CombineOp combine, Value resultGrad, const llvm::DenseSet<Value> &active,
                         OpBuilder &builder, llvm::DenseMap<Value, Value> &grads, ExpertBackward policy) {
   auto experts = combine.getExpertOutput().getDefiningOp<moe::ExpertMLPOp>();
-  if (!resultGrad || !experts || !experts->hasOneUse() || !active.contains(experts.getResult()))
+  // Auto: the CUDA kernel's one-pass form only.
+  if (!resultGrad || !experts || !fusesWithCombine(experts, policy) || !active.contains(experts.getResult()))
     return false;
-  if (policy == ExpertBackward::Auto) { // the CUDA kernel's one-pass form only
-    auto tokens = cast<RankedTensorType>(experts.getTokens().getType());
-    if (!tokens.getElementType().isBF16() || !experts.getGate() || experts->getNumOperands() != 5 ||
-        experts.getActivation() != moe::Activation::silu || experts.getFusedGateUp() || experts.getInOutLayout())
-      return false;
-  }
   auto expertRule = cast<moe::DifferentiableOpInterface>(experts.getOperation());
   SmallVector<int64_t> inputs;
   SmallVector<Type> types;
@@ -56,9 +67,13 @@ bool fuseExpertBackward(moe::CombineOp combine, Value resultGrad, const llvm::De
     types.push_back(combine.getWeights().getType());
   }
   SmallVector<NamedAttribute> attrs(experts->getAttrs()); // operandSegmentSizes: the experts' groups
+  // Saved pre-activations (saveExpertPreActivations) spare the backward the gate and up products.
+  SmallVector<Value> saved;
+  if (Value pre = experts.getPreActivations())
+    saved.push_back(pre);
   auto backward = builder.create<moe::BackwardOp>(
       combine.getLoc(), types, builder.getStringAttr("moe.expert_mlp_combine"), builder.getDictionaryAttr(attrs),
-      builder.getDenseI64ArrayAttr(inputs), builder.getDenseI64ArrayAttr({0}), operands, ValueRange(),
+      builder.getDenseI64ArrayAttr(inputs), builder.getDenseI64ArrayAttr({0}), operands, saved,
       ValueRange{resultGrad});
   for (auto [result, index] : llvm::zip(backward.getResults(), inputs))
     accumulate(builder, combine.getLoc(), grads, operands[index], result);
@@ -177,6 +192,44 @@ void saveAttentionStatistics(moe::LayerOp layer) {
         .Case([](moe::SparseAttentionOp a) { addLogsumexp(a); });
 }
 
+/// The policy of the model's expert backward (its `expert_backward` attribute).
+ExpertBackward expertPolicy(Operation *model) {
+  auto policy = model->getAttrOfType<StringAttr>(kExpertBackward);
+  return !policy                       ? ExpertBackward::Separate
+         : policy.getValue() == "fused" ? ExpertBackward::Fused
+         : policy.getValue() == "auto"  ? ExpertBackward::Auto
+                                        : ExpertBackward::Separate;
+}
+
+/// `experts` again with (pre_activations) or without (Type()) its pre-activations result.
+void rebuildExperts(moe::ExpertMLPOp experts, Type preActivations) {
+  OpBuilder b(experts);
+  auto copy = b.create<moe::ExpertMLPOp>(experts.getLoc(), TypeRange{experts.getResult().getType(), preActivations},
+                                         experts->getOperands(), experts->getAttrs());
+  experts.getResult().replaceAllUsesWith(copy.getResult());
+  experts->erase();
+}
+
+/// Gives each plain gated SiLU expert MLP of `layer` whose backward is fused with its combine's
+/// its pre_activations result, [rows, 2 I] f32: that backward then reads the gate's and up's
+/// products instead of running them again (the largest product of an MoE layer's backward, at
+/// the cost of two [rows, I] f32 activations saved). f32, the accumulators themselves: the
+/// backward computes exactly what it would from the products again (bf16 copies moved two bf16
+/// alignments past their tolerance on the CPU). Only for layers that save (recompute=none):
+/// a layer that recomputes would run the whole expert MLP again to get them.
+void saveExpertPreActivations(moe::LayerOp layer, ExpertBackward policy) {
+  SmallVector<moe::ExpertMLPOp> experts;
+  layer.walk([&](moe::ExpertMLPOp op) {
+    if (!op.getPreActivations() && isPlainGatedSilu(op) && fusesWithCombine(op, policy))
+      experts.push_back(op);
+  });
+  for (moe::ExpertMLPOp op : experts) {
+    auto tokens = cast<RankedTensorType>(op.getTokens().getType());
+    int64_t inter = cast<RankedTensorType>(op.getGate().getType()).getDimSize(1);
+    rebuildExperts(op, RankedTensorType::get({tokens.getDimSize(0), 2 * inter}, Float32Type::get(op.getContext())));
+  }
+}
+
 /// `op` again without its logsumexp result.
 template <typename OpTy> void dropLogsumexp(OpTy op) {
   OpBuilder b(op);
@@ -185,20 +238,21 @@ template <typename OpTy> void dropLogsumexp(OpTy op) {
   op->erase();
 }
 
-/// Drops the logsumexp results nothing reads (a forward that recomputes its attention in the
-/// backward does not save them).
+/// Drops the logsumexp and pre-activation results nothing reads (a forward that recomputes its
+/// attention in the backward does not save them).
 void dropUnreadStatistics(moe::LayerOp layer) {
   SmallVector<Operation *> unread;
   layer.walk([&](Operation *op) {
-    if (isa<moe::AttentionOp, moe::MLAOp, moe::SparseAttentionOp>(op) && op->getNumResults() == 2 &&
-        op->getResult(1).use_empty())
+    if (isa<moe::AttentionOp, moe::MLAOp, moe::SparseAttentionOp, moe::ExpertMLPOp>(op) &&
+        op->getNumResults() == 2 && op->getResult(1).use_empty())
       unread.push_back(op);
   });
   for (Operation *op : unread)
     llvm::TypeSwitch<Operation *>(op)
         .Case([](moe::AttentionOp a) { dropLogsumexp(a); })
         .Case([](moe::MLAOp a) { dropLogsumexp(a); })
-        .Case([](moe::SparseAttentionOp a) { dropLogsumexp(a); });
+        .Case([](moe::SparseAttentionOp a) { dropLogsumexp(a); })
+        .Case([](moe::ExpertMLPOp e) { rebuildExperts(e, Type()); });
 }
 
 } // namespace
@@ -230,10 +284,13 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
            << layer.getNumResults();
 
   // Both templates are copies of `source`: the layer with what its training saves for the
-  // backward added (attention statistics).
+  // backward added (attention statistics, expert pre-activations).
   IRMapping toSource;
   moe::LayerOp source = cloneTemplate(layer, layer.getSymName(), toSource);
   saveAttentionStatistics(source);
+  ExpertBackward experts = expertPolicy(model);
+  if (policy == Recompute::None)
+    saveExpertPreActivations(source, experts);
   auto dropSource = llvm::make_scope_exit([&] { source->destroy(); });
 
   // The backward starts as a full copy of the forward: differentiate it, then
@@ -267,11 +324,6 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   llvm::DenseMap<Value, Value> grads;
   grads[output] = outputGrad;
   builder.setInsertionPoint(yield);
-  auto expertPolicy = model->getAttrOfType<StringAttr>(kExpertBackward);
-  ExpertBackward experts = !expertPolicy                       ? ExpertBackward::Separate
-                           : expertPolicy.getValue() == "fused" ? ExpertBackward::Fused
-                           : expertPolicy.getValue() == "auto"  ? ExpertBackward::Auto
-                                                                : ExpertBackward::Separate;
   if (failed(differentiate(forwardOps, sources, builder, grads, experts)))
     return failure();
   SmallVector<Value> inputGrads;

@@ -205,6 +205,11 @@ private:
                      "as gpt-oss stores them) is not supported; leave expert-lora off");
         return WalkResult::interrupt();
       }
+      if (op.getPreActivations() && expertLora) { // the training step's form: LoRA comes first
+        op.emitError("moe-inject-lora: this expert MLP saves its pre_activations (a training template); "
+                     "inject LoRA before --moe-build-training-step");
+        return WalkResult::interrupt();
+      }
       std::array<std::string, 3> chosen;
       Value weights[] = {op.getGate(), op.getUp(), op.getDown()};
       for (auto [weight, path] : llvm::zip(weights, chosen)) {
@@ -338,12 +343,12 @@ private:
                               << ")\n");
     }
     auto rebuilt = moe::ExpertMLPOp::create(
-        b, loc, op.getType(), op.getTokens(), op.getCounts(), op.getUp(), op.getDown(), op.getGate(),
+        b, loc, op.getResult().getType(), Type(), op.getTokens(), op.getCounts(), op.getUp(), op.getDown(), op.getGate(),
         op.getUpBias(), op.getDownBias(), lora[0], lora[1], lora[2], lora[3], lora[4], lora[5],
         op.getActivationAttr(), op.getFusedGateUpAttr(), op.getInOutLayoutAttr(), op.getLimitAttr(),
         b.getF64FloatAttr(scaleOf(s)));
     rebuilt->setDiscardableAttrs(op->getDiscardableAttrDictionary());
-    op.replaceAllUsesWith(rebuilt.getResult());
+    op.getResult().replaceAllUsesWith(rebuilt.getResult());
     op.erase();
   }
 };

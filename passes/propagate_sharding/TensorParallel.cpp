@@ -457,7 +457,7 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
   Type f32 = b.getF32Type();
   auto type = cast<RankedTensorType>(partial->getResult(0).getType());
   if (!type.getElementType().isF32()) {
-    mlp.getResult().setType(cast<RankedTensorType>(mlp.getType()).clone(f32));
+    mlp.getResult().setType(cast<RankedTensorType>(mlp.getResult().getType()).clone(f32));
     partial->getResult(0).setType(type.clone(f32));
   }
   b.setInsertionPointAfter(partial);

@@ -340,3 +340,30 @@ func.func @token_blocks_one(%x: tensor<?x16xbf16>) {
   %a = moe.token_blocks %x : tensor<?x16xbf16> -> tensor<?x16xbf16>
   return
 }
+
+// -----
+
+// Tests that pre_activations are refused on experts whose backward does not read them (relu2).
+func.func @expert_mlp_pre_activations_relu2(%tok: tensor<?x64xbf16>, %cnt: tensor<4xi64>, %up: tensor<4x32x64xbf16>, %down: tensor<4x64x32xbf16>) -> tensor<?x64xbf16> {
+  // expected-error @+1 {{'moe.expert_mlp' op pre_activations are saved only for gated SiLU experts with a separate gate, no biases and no LoRA}}
+  %o, %p = moe.expert_mlp %tok, %cnt, up %up, down %down {activation = #moe<activation relu2>} : (tensor<?x64xbf16>, tensor<4xi64>, tensor<4x32x64xbf16>, tensor<4x64x32xbf16>) -> (tensor<?x64xbf16>, tensor<?x64xf32>)
+  return %o : tensor<?x64xbf16>
+}
+
+// -----
+
+// Tests that pre_activations hold the gate's and the up's products side by side: 2 I columns.
+func.func @expert_mlp_pre_activations_width(%tok: tensor<?x64xbf16>, %cnt: tensor<4xi64>, %up: tensor<4x32x64xbf16>, %down: tensor<4x64x32xbf16>, %gate: tensor<4x32x64xbf16>) -> tensor<?x64xbf16> {
+  // expected-error @+1 {{'moe.expert_mlp' op pre_activations dimension 1 must be 64 (twice the expert intermediate size: gate, then up), got 32}}
+  %o, %p = moe.expert_mlp %tok, %cnt, up %up, down %down gate %gate {activation = #moe<activation silu>} : (tensor<?x64xbf16>, tensor<4xi64>, tensor<4x32x64xbf16>, tensor<4x64x32xbf16>, tensor<4x32x64xbf16>) -> (tensor<?x64xbf16>, tensor<?x32xf32>)
+  return %o : tensor<?x64xbf16>
+}
+
+// -----
+
+// Tests that pre_activations are f32 (the products' accumulators, not a rounded copy).
+func.func @expert_mlp_pre_activations_type(%tok: tensor<?x64xbf16>, %cnt: tensor<4xi64>, %up: tensor<4x32x64xbf16>, %down: tensor<4x64x32xbf16>, %gate: tensor<4x32x64xbf16>) -> tensor<?x64xbf16> {
+  // expected-error @+1 {{'moe.expert_mlp' op result #1 must be ranked tensor of 32-bit float values, but got 'tensor<?x64xbf16>'}}
+  %o, %p = moe.expert_mlp %tok, %cnt, up %up, down %down gate %gate {activation = #moe<activation silu>} : (tensor<?x64xbf16>, tensor<4xi64>, tensor<4x32x64xbf16>, tensor<4x64x32xbf16>, tensor<4x32x64xbf16>) -> (tensor<?x64xbf16>, tensor<?x64xbf16>)
+  return %o : tensor<?x64xbf16>
+}

@@ -73,20 +73,70 @@ void expectIndices(const KernelContext &ctx, const TensorRef &t) {
     ctx.fail("indices must be i32 or i64");
 }
 
+namespace {
+
+void checkPreActivations(const KernelContext &ctx, const TensorRef &pre, const TensorRef &tokens, int64_t inter,
+                         bool savable) {
+  if (!savable)
+    ctx.fail("pre_activations need a separate gate, no up bias and no LoRA on gate or up");
+  if (pre.dtype != plan::F32)
+    ctx.fail("pre_activations must be f32");
+  ctx.expectShape(pre, "pre_activations", {tokens.dim(0), 2 * inter});
+}
+
+/// How many forward results a backward launch passes (backward_segments[1]; 0 without it).
+int64_t passedResults(const KernelContext &ctx) {
+  if (!ctx.has("backward_segments"))
+    return 0;
+  std::vector<int64_t> segments = ctx.attrInts("backward_segments");
+  if (segments.size() != 3)
+    ctx.fail("backward_segments must have 3 entries (operands, results, output grads)");
+  return segments[1];
+}
+
+} // namespace
+
+const TensorRef *forwardPreActivations(const KernelContext &ctx, const TensorRef &tokens, int64_t inter,
+                                       bool savable) {
+  if (ctx.outputs.size() < 2)
+    return nullptr;
+  checkPreActivations(ctx, ctx.outputs[1], tokens, inter, savable);
+  return &ctx.outputs[1];
+}
+
+const TensorRef *savedPreActivations(const KernelContext &ctx, const TensorRef &tokens, int64_t inter,
+                                     bool savable) {
+  int64_t results = passedResults(ctx);
+  if (results == 0)
+    return nullptr;
+  if (results != 1)
+    ctx.fail("an expert MLP's backward takes one saved result (its pre_activations), got " +
+             std::to_string(results));
+  const TensorRef &pre = ctx.in(static_cast<size_t>(ctx.attrInts("backward_segments")[0]));
+  checkPreActivations(ctx, pre, tokens, inter, savable);
+  return &pre;
+}
+
 ExpertCombineLaunch expertCombineLaunch(const KernelContext &ctx) {
   std::vector<int64_t> segments = ctx.attrInts("operand_segments"), of = ctx.gradOfInputs();
   ExpertCombineLaunch l;
   l.expertOperands = std::accumulate(segments.begin(), segments.end(), int64_t{0});
-  if (static_cast<int64_t>(ctx.inputs.size()) != l.expertOperands + 3)
-    ctx.fail("expected the expert MLP's " + std::to_string(l.expertOperands) +
-             " operands, indices, weights and the result's gradient; got " + std::to_string(ctx.inputs.size()) +
-             " inputs");
+  const int64_t saved = passedResults(ctx);
+  if (saved > 1)
+    ctx.fail("expert_mlp_combine.backward takes at most one saved result (the pre_activations), got " +
+             std::to_string(saved));
+  if (static_cast<int64_t>(ctx.inputs.size()) != l.expertOperands + 3 + saved)
+    ctx.fail("expected the expert MLP's " + std::to_string(l.expertOperands) + " operands, indices, weights, " +
+             (saved ? "the saved pre-activations " : "") + "and the result's gradient; got " +
+             std::to_string(ctx.inputs.size()) + " inputs");
   if (of.size() != ctx.outputs.size())
     ctx.fail("grad_of_inputs lists " + std::to_string(of.size()) + " operands but there are " +
              std::to_string(ctx.outputs.size()) + " outputs");
   l.indices = &ctx.in(l.expertOperands);
   l.weights = &ctx.in(l.expertOperands + 1);
-  l.dResult = &ctx.in(l.expertOperands + 2);
+  if (saved)
+    l.preActivations = &ctx.in(l.expertOperands + 2); // checked by the kernels, which know the sizes
+  l.dResult = &ctx.in(l.expertOperands + 2 + saved);
   expectIndices(ctx, *l.indices);
   ctx.expectShape(*l.indices, "indices", {-1, -1});
   ctx.expectShape(*l.weights, "weights", l.indices->shape);
@@ -141,7 +191,9 @@ void composeExpertCombineBackward(const KernelContext &ctx, const ExpertCombineL
             combineAttrs);
   Attrs expertAttrs = *ctx.attrs;
   setInts(expertAttrs, "grad_of_inputs", l.expertGrads);
-  setInts(expertAttrs, "backward_segments", {l.expertOperands, 0, 1});
+  setInts(expertAttrs, "backward_segments", {l.expertOperands, l.preActivations ? 1 : 0, 1});
+  if (l.preActivations)
+    expertInputs.push_back(*l.preActivations);
   expertInputs.push_back(de);
   subLaunch(ctx, expertBackward, "expert_mlp.backward", expertInputs,
             std::vector<TensorRef>(ctx.outputs.begin(), ctx.outputs.begin() + l.expertGrads.size()), expertAttrs);

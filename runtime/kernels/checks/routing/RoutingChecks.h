@@ -51,13 +51,24 @@ gradOutputs(const KernelContext &ctx, int64_t numOperands,
 /// Fails unless `t` is an I32 or I64 tensor.
 void expectIndices(const KernelContext &ctx, const TensorRef &t);
 
+/// An expert MLP's saved pre-activations ([rows, 2 inter] f32: gate x, then up x), checked against its tokens: the forward's second output, or what a backward launch
+/// passes as the forward's results (backward_segments [operands, 1, grads]: the one input after
+/// the operands). Null where there are none. `savable`: the experts have a separate gate, no up
+/// bias and no LoRA on gate or up (the verifier's rule: then G and U are all of the
+/// pre-activations); else pre-activations are refused.
+const TensorRef *forwardPreActivations(const KernelContext &ctx, const TensorRef &tokens, int64_t inter,
+                                       bool savable);
+const TensorRef *savedPreActivations(const KernelContext &ctx, const TensorRef &tokens, int64_t inter,
+                                     bool savable);
+
 /// An expert_mlp_combine.backward launch (the backward of combine(expert_mlp(...), indices,
 /// weights) in one): the expert MLP's operands first (operand_segments: its groups), then the
-/// combine's indices and weights, then d result; outputs the gradients grad_of_inputs lists, the
+/// combine's indices and weights, then its saved pre-activations if any, then d result; outputs the gradients grad_of_inputs lists, the
 /// weights' last.
 struct ExpertCombineLaunch {
   int64_t expertOperands = 0;
   const TensorRef *indices = nullptr, *weights = nullptr, *dResult = nullptr;
+  const TensorRef *preActivations = nullptr; // the expert MLP's, where it saved them (its `outputs`)
   bool wantWeights = false;
   std::vector<int64_t> expertGrads; // the expert operands in grad_of_inputs, in order
 };

@@ -15,10 +15,12 @@
 // Expert LoRA adds lora_scale * B_e (A_e x) to a projection's output for
 // expert e (A [E, r, in], B [E, out, r]); only with [out, in] unfused weights.
 //
-// The backward recomputes the projections and activations per expert and
-// writes the gradients of the tokens and of any requested weight, bias or
-// LoRA factor. Gradient masks at the clamps follow torch.clamp: the gradient
-// passes where the input lies within the bounds, ends included.
+// The forward may save the pre-activations (its optional second output,
+// [rows, 2 inter] f32: gate x, then up x), which the backward then reads; else the
+// backward recomputes the projections and activations per expert. It writes
+// the gradients of the tokens and of any requested weight, bias or LoRA
+// factor. Gradient masks at the clamps follow torch.clamp: the gradient passes
+// where the input lies within the bounds, ends included.
 //
 //===----------------------------------------------------------------------===//
 
@@ -251,6 +253,26 @@ void preActivations(const KernelContext &ctx, const Experts &m, int64_t e, float
   }
 }
 
+/// Whether the experts' pre-activations may be saved: all of them are g and p (see
+/// checks::routing::forwardPreActivations).
+bool savable(const Experts &m) { return m.gate && !m.upBias && !m.upLora && !m.gateLora; }
+
+/// Rows [first, first + n) of pre [rows, 2 inter] to or from g [n, inter] and p [n, inter].
+void storePreActivations(const Experts &m, int64_t first, int64_t n, const float *p, const float *g, float *pre) {
+  for (int64_t i = 0; i < n; ++i) {
+    float *row = pre + (first + i) * 2 * m.inter;
+    std::copy(g + i * m.inter, g + (i + 1) * m.inter, row);
+    std::copy(p + i * m.inter, p + (i + 1) * m.inter, row + m.inter);
+  }
+}
+void loadPreActivations(const Experts &m, int64_t first, int64_t n, const float *pre, float *p, float *g) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float *row = pre + (first + i) * 2 * m.inter;
+    std::copy(row, row + m.inter, g + i * m.inter);
+    std::copy(row + m.inter, row + 2 * m.inter, p + i * m.inter);
+  }
+}
+
 /// Reads row i, column c's gate and up pre-activations.
 struct PreAct {
   const Experts &m;
@@ -373,6 +395,7 @@ void expertMlpForward(KernelContext &ctx) {
   expectF32(ctx, ctx.out(0), "result");
   ctx.expectShape(ctx.out(0), "result", {m.rows, m.features});
   float *y = ctx.out(0).f32();
+  const TensorRef *pre = checks::routing::forwardPreActivations(ctx, *ops.get(ctx, Tokens), m.inter, savable(m));
   std::vector<float> p(m.rows * m.upOut), g(m.gate ? m.rows * m.inter : 0), h(m.rows * m.inter);
   int64_t maxRank = std::max({m.gateLora.rank, m.upLora.rank, m.downLora.rank});
   std::vector<float> z(m.rows * maxRank);
@@ -383,6 +406,8 @@ void expertMlpForward(KernelContext &ctx) {
     float *pe = p.data() + first * m.upOut, *ge = g.data() + first * m.inter;
     float *he = h.data() + first * m.inter, *ye = y + first * m.features;
     preActivations(ctx, m, e, pe, ge, z.data(), z.data());
+    if (pre)
+      storePreActivations(m, first, n, pe, ge, pre->f32());
     activate(ctx, m, n, PreAct{m, pe, ge}, he);
     project(m, he, n, m.inter, m.down, e, m.features, 0.0f, ye);
     if (m.downBias)
@@ -391,6 +416,8 @@ void expertMlpForward(KernelContext &ctx) {
       addLora(m, m.downLora, he, n, m.inter, e, m.features, z.data(), ye);
   }
   std::fill(y + m.offset[m.experts] * m.features, y + m.rows * m.features, 0.0f);
+  if (pre)
+    std::fill(pre->f32() + m.offset[m.experts] * 2 * m.inter, pre->f32() + m.rows * 2 * m.inter, 0.0f);
 }
 
 void expertMlpBackward(KernelContext &ctx) {
@@ -410,6 +437,8 @@ void expertMlpBackward(KernelContext &ctx) {
   ProjectionGrad gateGrad{grad(Gate), grad(GateLoraA), grad(GateLoraB)};
   ProjectionGrad downGrad{grad(Down), grad(DownLoraA), grad(DownLoraB)};
   float *dUpBias = grad(UpBias), *dDownBias = grad(DownBias);
+  // The forward's saved pre-activations, where it saved them: read instead of recomputed.
+  const TensorRef *saved = checks::routing::savedPreActivations(ctx, *ops.get(ctx, Tokens), m.inter, savable(m));
 
   // Scratch for the largest expert: activations are recomputed per expert.
   int64_t most = 0;
@@ -425,7 +454,10 @@ void expertMlpBackward(KernelContext &ctx) {
     if (n == 0)
       continue;
     const float *x = m.x + first * m.features, *dye = dy + first * m.features;
-    preActivations(ctx, m, e, p.data(), g.data(), zUp.data(), zGate.data());
+    if (saved)
+      loadPreActivations(m, first, n, saved->f32(), p.data(), g.data());
+    else
+      preActivations(ctx, m, e, p.data(), g.data(), zUp.data(), zGate.data());
     PreAct pre{m, p.data(), g.data()};
     activate(ctx, m, n, pre, h.data());
     if (m.downLora) // z = h A_downᵀ, as the forward computed it

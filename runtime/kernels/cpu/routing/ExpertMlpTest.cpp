@@ -274,6 +274,75 @@ TEST(ExpertMlpBackward, OnlySomeGradientsRequested) {
   EXPECT_LT(relativeError(grads[1], numericGradient(c.x, loss)), 1e-4);
 }
 
+/// The backward of `forward` (run, its pre-activations its second result) given `saved` as the
+/// forward's saved pre-activations: the gradients of `wrt` for d result = dy.
+std::vector<std::vector<float>> backwardFromSaved(KernelCall &forward, const std::vector<int64_t> &wrt,
+                                                  const OwnedTensor &saved, const Values &dy) {
+  KernelCall backward(registry(), "expert_mlp.backward");
+  backward.attributes() = forward.attributes();
+  backward.attr("grad_of_inputs", wrt).attr("grad_of_outputs", std::vector<int64_t>{0});
+  for (OwnedTensor &t : forward.inputsRef())
+    backward.input(t);
+  backward.input(saved).input(tensorOf(forward.result(0).shape, dy));
+  backward.attr("backward_segments", std::vector<int64_t>{static_cast<int64_t>(forward.inputsRef().size()), 1, 1});
+  for (int64_t i : wrt)
+    backward.output(plan::F32, forward.inputsRef().at(i).shape);
+  backward.run();
+  std::vector<std::vector<float>> grads;
+  for (size_t i = 0; i < wrt.size(); ++i)
+    grads.push_back(backward.result(i).floats());
+  return grads;
+}
+
+// The forward's optional second output: each counted row's gate x in columns [0, I) and up x in
+// [I, 2 I), zero past the counted rows. A backward given them reads them: with the true ones it
+// gives the recomputing backward's gradients; with the gate's half zeroed (silu(0) = 0) the up
+// weights' gradient dyᵀ... through silu(g) is zero.
+TEST(ExpertMlp, SavedPreActivations) {
+  ExpertCase c = baseCase("silu", true, 121);
+  c.padding = 2;
+  c.x = randomValues(c.rows() * c.features, 122);
+  std::vector<int64_t> operands;
+  KernelCall call = expertCall(c, &operands);
+  const int64_t n = c.inter, width = 2 * n;
+  call.output(plan::F32, {c.rows(), width});
+  call.run();
+  EXPECT_LT(relativeError(call.result(0).floats(), naiveExperts(c)), 1e-5);
+  std::vector<float> pre = call.result(1).floats();
+  int64_t row = 0;
+  for (int64_t e = 0; e < c.experts; ++e)
+    for (int64_t i = 0; i < c.counts[e]; ++i, ++row)
+      for (int64_t o = 0; o < n; ++o) {
+        double gate = 0, up = 0;
+        for (int64_t d = 0; d < c.features; ++d) {
+          gate += c.gate[(e * n + o) * c.features + d] * c.x[row * c.features + d];
+          up += c.up[(e * n + o) * c.features + d] * c.x[row * c.features + d];
+        }
+        EXPECT_NEAR(pre[row * width + o], gate, 1e-5) << "row " << row << " gate " << o;
+        EXPECT_NEAR(pre[row * width + n + o], up, 1e-5) << "row " << row << " up " << o;
+      }
+  for (; row < c.rows(); ++row)
+    for (int64_t o = 0; o < width; ++o)
+      EXPECT_EQ(pre[row * width + o], 0.0f) << "uncounted row " << row;
+
+  const std::vector<int64_t> wrt = {operands[Tokens], operands[Up], operands[Gate], operands[Down]};
+  Values dy = randomValues(c.rows() * c.features, 123);
+  std::vector<std::vector<float>> recomputed = runBackward(call, wrt, {0}, {tensorOf({c.rows(), c.features}, dy)});
+  std::vector<std::vector<float>> fromSaved = backwardFromSaved(call, wrt, call.result(1), dy);
+  for (size_t i = 0; i < wrt.size(); ++i)
+    EXPECT_LT(relativeError(fromSaved[i], Values(recomputed[i].begin(), recomputed[i].end())), 1e-6) << i;
+
+  OwnedTensor zeroGate = call.result(1);
+  std::vector<float> values = zeroGate.floats();
+  for (int64_t r = 0; r < c.rows(); ++r)
+    std::fill(values.begin() + r * width, values.begin() + r * width + n, 0.0f);
+  std::vector<std::vector<float>> gateless =
+      backwardFromSaved(call, wrt, tensorOf({c.rows(), width}, Values(values.begin(), values.end())), dy);
+  for (float v : gateless[1])
+    EXPECT_EQ(v, 0.0f) << "the up weights' gradient with silu(gate) = 0";
+  EXPECT_GT(relativeError(gateless[0], Values(recomputed[0].begin(), recomputed[0].end())), 1e-2);
+}
+
 void expectFailure(KernelCall &call, const std::string &needle) {
   try {
     call.run();
@@ -319,6 +388,19 @@ TEST(ExpertMlpErrors, BadLaunchesNameTheProblem) {
     c.upB = randomValues(c.experts * c.inter, 110);
     KernelCall call = expertCall(c);
     expectFailure(call, "expert LoRA needs separate [out, in] expert weights");
+  }
+  {
+    ExpertCase c = baseCase("silu", true, 113);
+    addLora(c, false, true, false, 114);
+    KernelCall call = expertCall(c);
+    call.output(plan::F32, {c.rows(), 2 * c.inter});
+    expectFailure(call, "pre_activations need a separate gate, no up bias and no LoRA on gate or up");
+  }
+  {
+    ExpertCase c = baseCase("silu", true, 115);
+    KernelCall call = expertCall(c);
+    call.output(plan::F32, {c.rows(), c.inter});
+    expectFailure(call, "pre_activations has shape [7,4], expected [7,8]");
   }
   {
     ExpertCase c = baseCase("silu", true, 111);

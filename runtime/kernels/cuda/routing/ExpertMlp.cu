@@ -30,6 +30,11 @@
 // not recomputed) and dx = dg W_gate + dp W_up + dz [A_gate; A_up] is one GEMM.
 // Elsewhere: f32 pre-activations through memory, as below.
 //
+// Saved pre-activations (expert_mlp's optional second output, [rows, 2 inter]
+// f32: gate x, then up x): the one-pass forward writes its accumulators, and expert_mlp_combine.backward's one-pass form then derives
+// the gate's and up's gradients from them in an element-wise pass
+// (savedGluGrad) instead of running the two products again.
+//
 // Precision: GEMMs accumulate in f32. The pre-activations (p, g), the down
 // projection's output and the gradients of h and of the tokens are f32
 // scratch (outside the one-pass forms); the GEMM operands that are activations (h, the LoRA products z,
@@ -531,6 +536,98 @@ void forwardActivations(const KernelContext &ctx, const Experts &m, const Operan
   }
 }
 
+//===----------------------------------------------------------------------===//
+// Saved pre-activations: pre [R, 2 inter] f32, gate x in columns [0, inter), up x in [inter, 2 inter)
+//===----------------------------------------------------------------------===//
+
+/// Whether the experts' pre-activations may be saved: all of them are g and p (see
+/// checks::routing::forwardPreActivations).
+bool savable(const Experts &m) { return m.gate && !m.upBias && !m.upLora && !m.gateLora; }
+
+/// pre from the f32 p [R, inter] and g [R, inter] of forwardActivations; zero past the counted rows.
+__global__ void storePreActivationsKernel(const float *p, const float *g, const int64_t *offsets, int64_t experts,
+                                          int64_t rows, int64_t inter, FloatOut pre) {
+  int64_t counted = offsets[experts], width = 2 * inter, total = rows * width;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i = k / width, c = k % width;
+    pre.store(k, i >= counted ? 0.0f : c < inter ? g[i * inter + c] : p[i * inter + c - inter]);
+  }
+}
+
+/// The f32 p and g of the counted rows from pre (the backward's forwardActivations when saved).
+__global__ void loadPreActivationsKernel(FloatIn pre, const int64_t *offsets, int64_t experts, int64_t inter,
+                                         float *p, float *g) {
+  int64_t total = offsets[experts] * inter;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i = k / inter, c = k % inter;
+    g[k] = pre[i * 2 * inter + c];
+    p[k] = pre[i * 2 * inter + inter + c];
+  }
+}
+
+/// forwardActivations from the saved pre-activations: f.p, f.g (f32) and f.h (storage type).
+void savedActivations(const KernelContext &ctx, const Experts &m, const Operands &s, const ExpertRows &g,
+                      const TensorRef &pre, Forward &f) {
+  int64_t R = m.rows, I = m.inter;
+  f.p = DeviceBuffer(ctx, plan::F32, R * I);
+  f.g = DeviceBuffer(ctx, plan::F32, R * I);
+  f.h = DeviceBuffer(ctx, s.type, R * I);
+  if (R * I == 0)
+    return;
+  loadPreActivationsKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(floatIn(pre), g.offsets, m.experts, I,
+                                                                           f.p.as<float>(), f.g.as<float>());
+  checkLaunch(ctx, "expert_mlp.backward: saved pre-activations");
+  activateKernel<<<gridFor(R * I), kThreads, 0, streamOf(ctx)>>>(actParams(m, g.offsets), f.p.as<float>(),
+                                                                 f.g.as<float>(), floatOut(f.h.get(), s.type));
+  checkLaunch(ctx, "expert_mlp.backward: activation");
+}
+
+/// groupedGluGemm's gradient (GluGrad) from the saved pre-activations instead of the gate and up
+/// products: a warp per (row, kRowDotColumns columns), lanes on consecutive columns. dg = s dh ⊙
+/// u ⊙ silu'(g), dp = s dh ⊙ silu(g) (s: rowScale[row], else 1), and rowDots[tile * rows + row]
+/// = Σ dh ⊙ h over the tile's columns (dh unscaled, h = silu(g) u), in f32 with the SFU's
+/// exponential as the GEMM's epilogue computes them. Counted rows only.
+__global__ void savedGluGradKernel(FloatIn pre, const float *dh, const int64_t *offsets, int64_t experts,
+                                   int64_t rows, int64_t inter, const float *rowScale, FloatOut dg, FloatOut dp,
+                                   float *rowDots) {
+  const int64_t tiles = (inter + kRowDotColumns - 1) / kRowDotColumns;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = warp / tiles, tile = warp % tiles;
+  if (row >= rows || row >= offsets[experts]) // uniform across the warp
+    return;
+  const float scale = rowScale ? rowScale[row] : 1.0f;
+  const int64_t end = min(inter, (tile + 1) * kRowDotColumns);
+  float dot = 0.0f;
+  for (int64_t c = tile * kRowDotColumns + lane; c < end; c += 32) {
+    float gv = pre[row * 2 * inter + c], u = pre[row * 2 * inter + inter + c], d = dh[row * inter + c];
+    float sg = 1.0f / (1.0f + __expf(-gv)), silu = gv * sg, ds = scale * d;
+    dg.store(row * inter + c, ds * u * (sg * (1.0f + gv * (1.0f - sg))));
+    dp.store(row * inter + c, ds * silu);
+    dot = fmaf(d, silu * u, dot);
+  }
+  if (rowDots) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (lane == 0)
+      rowDots[tile * rows + row] = dot;
+  }
+}
+
+void savedGluGrad(const KernelContext &ctx, const Experts &m, const ExpertRows &g, const TensorRef &pre,
+                  const float *dh, const float *rowScale, void *dg, void *dp, plan::DType type, float *rowDots) {
+  const int64_t tiles = (m.inter + kRowDotColumns - 1) / kRowDotColumns, warps = m.rows * tiles;
+  if (warps == 0)
+    return;
+  constexpr int kWarps = 8;
+  savedGluGradKernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), 32 * kWarps, 0, streamOf(ctx)>>>(
+      floatIn(pre), dh, g.offsets, m.experts, m.rows, m.inter, rowScale, floatOut(dg, type), floatOut(dp, type),
+      rowDots);
+  checkLaunch(ctx, "expert_mlp_combine.backward: gradient from the saved pre-activations");
+}
+
 /// Whether the gated SiLU runs as one grouped GEMM over x with the activation (or its gradient)
 /// in the epilogue (GroupedGemmWgmma.cu): a separate gate, [out, in] weights, no up bias, no
 /// LoRA on gate or up, bf16 operands it can copy in 16-byte chunks. Then no f32
@@ -541,12 +638,14 @@ bool gluInOnePass(const Experts &m, const Operands &s) {
                         m.inter * m.features, s.type);
 }
 
-/// h [R, inter] (storage type) = silu(x W_gateᵀ) ⊙ (x W_upᵀ) in one pass (gluInOnePass).
+/// h [R, inter] (storage type) = silu(x W_gateᵀ) ⊙ (x W_upᵀ) in one pass (gluInOnePass), and the
+/// products themselves into `pre` [R, 2 inter] where given (the expert rows only).
 void gluForward(const KernelContext &ctx, const Experts &m, const Operands &s, const ExpertRows &g,
-                Forward &f) {
+                Forward &f, void *pre = nullptr) {
   f.h = DeviceBuffer(ctx, s.type, m.rows * m.inter);
   groupedGluGemm(ctx, g, m.inter, m.features, s.x, m.features, s.gate, s.up, m.features,
-                 m.inter * m.features, s.type, nullptr, f.h.get(), nullptr, m.inter);
+                 m.inter * m.features, s.type, nullptr, f.h.get(), nullptr, m.inter, nullptr, nullptr, nullptr,
+                 nullptr, pre);
 }
 
 /// Whether the gated SiLU with LoRA on gate and up runs as gluInOnePass does, the LoRA
@@ -644,6 +743,7 @@ void expertMlpForward(KernelContext &ctx) {
   const TensorRef &result = ctx.out(0);
   expectFloat(ctx, result, "result");
   ctx.expectShape(result, "result", {m.rows, m.features});
+  const TensorRef *pre = checks::routing::forwardPreActivations(ctx, *m.x, m.inter, savable(m));
   DeviceBuffer offsets = deviceOffsets(ctx, m); // checks the counts even without rows
   if (m.rows == 0 || m.features == 0)
     return;
@@ -654,12 +754,20 @@ void expertMlpForward(KernelContext &ctx) {
   ExpertRows g{offsets.as<int64_t>(), m.experts, R};
   Forward f;
   DeviceBuffer zGateUp;
-  if (gluInOnePass(m, s))
-    gluForward(ctx, m, s, g, f);
-  else if (gluLoraInOnePass(m, s))
+  if (gluInOnePass(m, s)) {
+    gluForward(ctx, m, s, g, f, pre ? pre->data : nullptr);
+    if (pre)
+      zeroUncountedRows(ctx, m, floatOut(*pre), 2 * I, g.offsets);
+  } else if (gluLoraInOnePass(m, s)) {
     gluLoraForward(ctx, m, s, g, f, zGateUp);
-  else
+  } else {
     forwardActivations(ctx, m, s, g, f);
+    if (pre && R * I > 0) {
+      storePreActivationsKernel<<<gridFor(R * 2 * I), kThreads, 0, streamOf(ctx)>>>(
+          f.p.as<float>(), f.g.as<float>(), g.offsets, m.experts, R, I, floatOut(*pre));
+      checkLaunch(ctx, "expert_mlp: pre-activations");
+    }
+  }
   if (!m.downBias && !m.downLora && result.dtype == type) { // nothing added: straight into it
     project(ctx, m, g, type, f.h.get(), I, s.down, D, 0.0f, result.data, result.dtype);
     return zeroUncountedRows(ctx, m, floatOut(result.data, result.dtype), D, g.offsets);
@@ -726,10 +834,16 @@ void expertMlpBackward(KernelContext &ctx) {
   // projection's weight or LoRA gradients need it (the activation's gradient is recomputed
   // below from x, with dh). With LoRA on gate and up in one pass, the gradient's GEMM writes h
   // as it goes: the down projection's gradients that need h wait for it.
-  bool onePass = gluInOnePass(m, s), loraOnePass = !onePass && gluLoraInOnePass(m, s);
+  // Saved pre-activations (the forward's, where it saved them) take the general path below with
+  // p, g read instead of recomputed: the expert MLP's own backward gets them only from
+  // expert_mlp_combine.backward's composed form, which the one-pass forms rarely leave.
+  const TensorRef *saved = checks::routing::savedPreActivations(ctx, *m.x, m.inter, savable(m));
+  bool onePass = !saved && gluInOnePass(m, s), loraOnePass = !saved && !onePass && gluLoraInOnePass(m, s);
   Forward f;
   DeviceBuffer zGateUp; // with loraOnePass: the gate's and up's scale x Aᵀ (a LoRA tile)
-  if (loraOnePass)
+  if (saved)
+    savedActivations(ctx, m, s, g, *saved, f);
+  else if (loraOnePass)
     zGateUp = loraTileZ(ctx, m, g, type, s.x, D, s.gateA, m.gateLora.rank, s.upA, m.upLora.rank);
   else if (!onePass)
     forwardActivations(ctx, m, s, g, f);
@@ -960,8 +1074,12 @@ void expertMlpCombineBackward(KernelContext &ctx) {
                        dRows.get(), nullptr, I, D, nullptr, dh.as<float>(), 0.0f);
     const int64_t tiles = (I + kRowDotColumns - 1) / kRowDotColumns;
     DeviceBuffer dots(ctx, plan::F32, tiles * R);
-    groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, s.type, dh.as<float>(), dg.get(), dp.get(), I,
-                   rowWeight.as<float>(), dots.as<float>());
+    if (launch.preActivations) // the forward's gate and up products, saved: an element-wise pass
+      savedGluGrad(ctx, m, g, *checks::routing::savedPreActivations(ctx, *m.x, I, savable(m)), dh.as<float>(),
+                   rowWeight.as<float>(), dg.get(), dp.get(), s.type, dots.as<float>());
+    else
+      groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, s.type, dh.as<float>(), dg.get(), dp.get(), I,
+                     rowWeight.as<float>(), dots.as<float>());
     if (copies > 0) {
       weightGradKernel<<<gridFor(copies), kThreads, 0, streamOf(ctx)>>>(
           dots.as<float>(), rows.as<int32_t>(), indexIn(indices), tiles, R, copies, floatOut(ctx.outputs.back()));

@@ -439,8 +439,12 @@ TEST(CudaExpertMlp, GatedSiluInOnePassUncountedRowsAreZero) {
 // them; d result random, the weights positive. Gated SiLU in bf16 storage takes the one-pass
 // path (the router weights' gradient from the gated GEMM's epilogue); f32 storage, other
 // activations, LoRA and subsets of the gradients take the composed one.
+/// savedPre: the forward's saved pre-activations passed too (its `outputs`, f32, from the CPU's
+/// forward): the one-pass form then derives
+/// the gate's and up's gradients from them element-wise instead of running the products again.
 void expectExpertCombineBackward(ExpertCase c, int64_t tokens, int64_t topK, uint64_t seed,
-                                 std::vector<int> groups = {Tokens}, bool someElsewhere = false) {
+                                 std::vector<int> groups = {Tokens}, bool someElsewhere = false,
+                                 bool savedPre = false) {
   std::vector<int64_t> indices = skewedIndices(tokens, topK, c.experts, seed);
   if (someElsewhere) // an expert-parallel rank's received tokens: a third of their experts on other ranks
     for (size_t i = 0; i < indices.size(); i += 3)
@@ -469,17 +473,23 @@ void expectExpertCombineBackward(ExpertCase c, int64_t tokens, int64_t topK, uin
           w = 0.05 + std::fabs(w);
         call.input(indexTensor(plan::I32, {tokens, topK}, indices));
         call.input(tensorOf({tokens, topK}, weights));
+        if (savedPre) {
+          forward.output(plan::F32, {c.rows(), 2 * c.inter});
+          forward.run();
+          call.input(forward.result(1));
+        }
         call.input(tensorOf({tokens, c.features}, randomBf16(tokens * c.features, seed + 3)));
         std::vector<int64_t> all = wrt;
         all.push_back(expertOperands + 1); // the weights
         call.attr("grad_of_inputs", all).attr("grad_of_outputs", std::vector<int64_t>{0});
-        call.attr("backward_segments", std::vector<int64_t>{expertOperands + 2, 0, 1});
+        call.attr("backward_segments", std::vector<int64_t>{expertOperands + 2, savedPre ? 1 : 0, 1});
         for (int64_t i : wrt)
           call.output(plan::F32, forward.inputsRef().at(i).shape);
         call.output(plan::F32, {tokens, topK});
         return call;
       },
-      {weightsInput}, {wrt.size()}); // the router weights and their gradient are f32
+      savedPre ? std::vector<size_t>{weightsInput, weightsInput + 1} : std::vector<size_t>{weightsInput},
+      {wrt.size()}); // the router weights, their gradient and the pre-activations are f32
 }
 
 TEST(CudaExpertMlpCombine, GatedSiluRagged) {
@@ -497,6 +507,34 @@ TEST(CudaExpertMlpCombine, GatedSilu128Experts) {
 TEST(CudaExpertMlpCombine, SomeExpertsOnOtherRanks) {
   expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(16, 0), 64, 136, 551), 200, 4, 552,
                               {Tokens}, true);
+}
+
+// The forward's saved pre-activations: the one-pass form (the gate's and up's gradients and the
+// router weights' row dots element-wise from them), with uncounted rows (a third of the
+// entries on other ranks), and the composed form (a subset of gradients: the expert MLP's own
+// backward reads them in place of its f32 pre-activations).
+TEST(CudaExpertMlpCombine, SavedPreActivations) {
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 136, 264, 561), 100, 4, 562,
+                              {Tokens}, false, true);
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(16, 0), 64, 136, 571), 200, 4, 572,
+                              {Tokens}, true, true);
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 64, 48, 581), 60, 2, 582,
+                              {Tokens, Gate}, false, true);
+}
+
+// The forward's second output on the one-pass path (from the gated GEMM's accumulators; rows past
+// the counted ones zero) and on the composed one (in and out not multiples of 8).
+TEST(CudaExpertMlp, SavesPreActivations) {
+  for (ExpertCase c :
+       {raggedCase("silu", true, {13, 0, 40, 7}, 64, 48, 591), raggedCase("silu", true, {5, 9, 0}, 72, 100, 592)}) {
+    c.padding = 11;
+    c.x = randomBf16(c.rows() * c.features, 593);
+    expectGpuMatchesCpu([&] {
+      KernelCall call = expertCall(c);
+      call.output(plan::F32, {c.rows(), 2 * c.inter});
+      return call;
+    }, {}, {1}); // f32 whatever the storage
+  }
 }
 
 TEST(CudaExpertMlpCombine, ComposedPaths) {

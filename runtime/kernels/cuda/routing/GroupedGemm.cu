@@ -562,7 +562,8 @@ bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, co
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
                     int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
-                    int64_t ldh, const float *rowScale, float *rowDots, const LoraTile *lora, void *h) {
+                    int64_t ldh, const float *rowScale, float *rowDots, const LoraTile *lora, void *h,
+                    void *pre) {
   if (!groupedGluFits(k, x, ldx, wGate, wUp, ldw, wStride, abType) || g.experts > 0x7fffffff ||
       (lora && (!lora->b2 || !groupedLoraFits(k, x, ldx, wGate, ldw, wStride, abType, *lora))))
     ctx.fail("internal: grouped gated SiLU GEMM on operands it does not take");
@@ -576,6 +577,7 @@ void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
   extra.rowDots = rowDots;
   extra.rows = g.rows;
   extra.h = dh ? h : nullptr;
+  extra.pre = dh ? nullptr : pre;
   addLoraTile(extra, lora);
   wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x, ldx, wGate, ldw, wStride, 0.0f, out, ldh), extra,
                    dh ? GluGrad : Glu, true, g.rows, abType);

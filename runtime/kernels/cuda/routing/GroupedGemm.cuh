@@ -95,12 +95,13 @@ bool groupedGluFits(int64_t k, const void *x, int64_t ldx, const void *wGate, co
 /// experts own are written. The operands must fit (groupedGluFits). kRowDotColumns:
 /// GroupedGemmWgmma.cuh. With `lora` (both ranks fitting): the gate's and up's LoRA products in
 /// the pre-activations (G += z_g B_gᵀ, U += z_u B_uᵀ). With dH and `h`: H itself into `h` too
-/// (row stride ldh), for the gradients that need it (the down projection's).
+/// (row stride ldh), for the gradients that need it (the down projection's). Without dH and
+/// with `pre`: G and U themselves into pre [rows, 2n] f32 too (G in columns [0, n), U in [n, 2n)).
 void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k,
                     const void *x, int64_t ldx, const void *wGate, const void *wUp, int64_t ldw,
                     int64_t wStride, plan::DType abType, const float *dh, void *out, void *out2,
                     int64_t ldh, const float *rowScale = nullptr, float *rowDots = nullptr,
-                    const LoraTile *lora = nullptr, void *h = nullptr);
+                    const LoraTile *lora = nullptr, void *h = nullptr, void *pre = nullptr);
 
 /// For every expert e: C_e[:m, :n] = alpha * A[rows_e, :m]ᵀ · B[rows_e, :n] + beta * C_e, the
 /// sum over the expert's rows; C_e starts cStride elements after C_{e-1}

@@ -58,7 +58,7 @@ static_assert(kBN == kRowDotColumns, "GluGrad's row dots are one column of parti
 constexpr int kTileBytes = kBM * kBK * 2; // one operand's tile: 128 rows of 128 bytes
 
 /// Two adjacent output elements of the gated modes (the second when `both`), from their
-/// accumulators: Glu stores h in `c`; GluGrad stores the gate's gradient (from dh's elements
+/// accumulators: Glu stores h in `c` (and gate and up in `pre`); GluGrad stores the gate's gradient (from dh's elements
 /// times `scale`) in `c`, the up projection's in `c2`, as pairs where they are aligned, and adds
 /// dh . h of the pair to `dot`. The activation is in f32 with the SFU's exponential (relative
 /// error ~1e-7, far below the bf16 results' rounding): in double, as ExpertMlp.cu's activation
@@ -85,6 +85,11 @@ __device__ __forceinline__ void gatedPair(const GroupedParams &p, const WgmmaExt
     }
   }
   storeTwo(static_cast<CT *>(p.c) + row * p.ldc + col, both, out[0], out[1], 0.0f);
+  if (kMode == Glu && x.pre) {
+    float *pre = static_cast<float *>(x.pre) + row * 2 * p.n + col;
+    storeTwo(pre, both, gate[0], gate[1], 0.0f);
+    storeTwo(pre + p.n, both, up[0], up[1], 0.0f);
+  }
   if (kMode == GluGrad) {
     storeTwo(static_cast<CT *>(x.c2) + row * p.ldc + col, both, out2[0], out2[1], 0.0f);
     if (x.h)

@@ -45,6 +45,9 @@ struct WgmmaExtra {
   float *rowDots = nullptr;
   int64_t rows = 0;
   void *h = nullptr; // GluGrad, optional: H = silu(G) U itself too (Y's row stride)
+  // Glu, optional: the pre-activations too, [rows, 2n] f32 (G in columns [0, n), U in [n, 2n)), for a
+  // backward that reads them instead of running the products again.
+  void *pre = nullptr;
   // Optional (Plain with W_e [n, k], Glu, GluGrad): LoRA's products as one more k tile of 64
   // into the same accumulators. A: loraZ [rows, 64] (row stride 64), the rows' scale x Aᵀ: the
   // gate's in columns [0, 32), the up's in [32, 64) (Plain: [0, 32)); columns past a rank hold
