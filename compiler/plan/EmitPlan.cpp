@@ -251,9 +251,22 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
       if (buffer.tpDim >= 0) {
         // One checkpoint tensor per expert ("{expert}" names): the window within each.
         int first = StringRef(buffer.tensor).contains("{expert}") ? 1 : 0;
-        *binding.mutable_slice() = windowOf(buffer, buffer.tpDim, shape.coordinate(r, "tp"), first);
         for (int d = first; d < static_cast<int>(buffer.shape.size()); ++d)
           binding.add_whole_shape(d == buffer.tpDim ? buffer.shape[d] * shape.tp : buffer.shape[d]);
+        if (!buffer.tpPieces.empty()) { // this rank's share of each part, in order
+          int64_t base = 0, coordinate = shape.coordinate(r, "tp");
+          for (int64_t part : buffer.tpPieces) {
+            plan::Slice *piece = binding.add_pieces();
+            for (int d = 0; d < static_cast<int>(buffer.shape.size()); ++d) {
+              plan::Slice::Range *range = piece->add_dims();
+              range->set_start(d == buffer.tpDim ? base + coordinate * (part / shape.tp) : 0);
+              range->set_size(d == buffer.tpDim ? part / shape.tp : buffer.shape[d]);
+            }
+            base += part;
+          }
+          continue;
+        }
+        *binding.mutable_slice() = windowOf(buffer, buffer.tpDim, shape.coordinate(r, "tp"), first);
         continue;
       }
       if (!buffer.expertSplit)

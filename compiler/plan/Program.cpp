@@ -305,6 +305,8 @@ private:
         program.buffers[id].tpDim = static_cast<int>(d);
     }
     program.buffers[id].tpPartialGrad = param->hasAttr(moe::kTpPartialGradAttr);
+    if (auto pieces = param->getAttrOfType<DenseI64ArrayAttr>(moe::kTpPiecesAttr))
+      program.buffers[id].tpPieces.assign(pieces.asArrayRef().begin(), pieces.asArrayRef().end());
     if (trainable) {
       int grad = newBuffer(tensor + ".grad", plan::GRADIENT, param.getLocalType(), dims);
       program.buffers[grad].expertSplit = program.buffers[id].expertSplit;

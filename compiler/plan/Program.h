@@ -47,6 +47,9 @@ struct ProgramBuffer {
   int tpDim = -1;
   /// A replicated trainable parameter whose gradient each tp rank holds a part of.
   bool tpPartialGrad = false;
+  /// Split over tp with its tpDim stacking parts that split separately (moe.tp_pieces): the
+  /// parts' whole extents; a rank's buffer holds its share of each, in order.
+  std::vector<int64_t> tpPieces;
   /// An expert route's received indices: room for this many times the rows expected (any
   /// rank may send it all its tokens); FLOP counts of the buffers that follow it
   /// (receivedRowsOf) use the expected ones.

@@ -38,6 +38,10 @@ constexpr llvm::StringLiteral kTpPartialGradAttr = "moe.tp_partial_grad";
 /// ep when an expert placement replicates experts: each rank holds this many experts (more
 /// than E / ep), its leading dimension in getLocalType().
 constexpr llvm::StringLiteral kEpRowsAttr = "moe.ep_rows";
+/// The discardable attribute --moe-propagate-sharding puts on a parameter split over tp whose
+/// split dimension stacks parts that split separately (Gated DeltaNet's convolution over q, k
+/// and v): the parts' whole extents, in order. A rank holds its share of each part, in order.
+constexpr llvm::StringLiteral kTpPiecesAttr = "moe.tp_pieces";
 /// The stream an op's step is issued on (--moe-schedule-overlap; absent: stream 0), and on the
 /// model how many streams its plan has.
 constexpr llvm::StringLiteral kStreamAttr = "moe.stream";

@@ -22,8 +22,15 @@
 // Kimi Delta Attention (moe.kda) splits its heads too: query, key, value, the decay and gate
 // (second projections of low-rank pairs whose first projection stays replicated) and the beta
 // logits split on out, with the per-channel convolutions, dt_bias and A_log; its per-head
-// norm weight is shared (its gradient partial). Gated DeltaNet and Mamba-2 stay whole: their
-// fused input projections and convolutions interleave the heads' channels.
+// norm weight is shared (its gradient partial).
+//
+// Gated DeltaNet (moe.gated_delta_net) splits its key heads (and their value heads): its fused
+// projections qkvz and ba hold one group per key head (q, k, v, z; b, a), so a rank's heads are
+// one block of rows of in_proj_qkvz and in_proj_ba (split on out); its convolution runs over
+// concat(q, k, v) of every head, three parts each split over tp (moe.tp_pieces); A_log and
+// dt_bias split with the value heads; the norm weight is shared. Mamba-2 stays whole: its
+// in_proj output stacks five parts (z, x, B, C, dt), and a trainable adapter on it would need
+// its B factor in five pieces too.
 //
 // Dense MLPs (dense layers, shared experts) split their intermediate features as attention
 // splits heads: gate and up projections split on out, moe.glu / moe.activation of splits is
@@ -57,11 +64,17 @@ struct HeadSplit {
   moe::AttentionOp attention; // or null: one of the three below
   Operation *mla = nullptr;   // moe.mla or moe.sparse_attention (heads split, key_rope shared)
   moe::KDAOp kda;             // Kimi Delta Attention (heads split with their parameters)
+  moe::GatedDeltaNetOp gdn;   // Gated DeltaNet (key heads split, with their value heads)
   Operation *mlp = nullptr;   // an MLP's activation (moe.glu, moe.activation)
   llvm::SetVector<Operation *> region;   // computing q, k, v from replicated values (retyped)
   llvm::SetVector<Operation *> gates;    // after the attention, still split (retyped)
   llvm::SetVector<Value> inputs;         // the replicated values the region's projections read
-  llvm::SmallVector<std::pair<moe::WeightOp, int>> splits; // weight reads split along a dim
+  struct Split {
+    moe::WeightOp weight;
+    int dim;
+    llvm::SmallVector<int64_t> pieces; // parts of `dim` that split separately (moe.tp_pieces)
+  };
+  llvm::SmallVector<Split> splits; // weight reads split along a dim
   llvm::SetVector<moe::WeightOp> partialGrads; // replicated weights read by split/partial work
   llvm::SetVector<Value> partials;       // partial sums after the attention
   llvm::SetVector<Value> exits;          // partial sums read where the sum is needed
@@ -81,6 +94,9 @@ public:
     } else if (auto kda = dyn_cast<moe::KDAOp>(op)) {
       plan.kda = kda;
       inputsName = "KDA projection";
+    } else if (auto gdn = dyn_cast<moe::GatedDeltaNetOp>(op)) {
+      plan.gdn = gdn;
+      inputsName = "Gated DeltaNet projection";
     } else {
       plan.mlp = op;
       inputsName = "gate/up";
@@ -89,8 +105,27 @@ public:
 
   /// Empty when the attention (or MLP) splits; otherwise why not.
   std::string run() {
-    Operation *center = plan.mlp ? plan.mlp : plan.mla ? plan.mla : plan.kda.getOperation();
-    if (moe::KDAOp kda = plan.kda) {
+    Operation *center = plan.mlp   ? plan.mlp
+                        : plan.mla ? plan.mla
+                        : plan.gdn ? plan.gdn.getOperation()
+                                   : plan.kda.getOperation();
+    if (moe::GatedDeltaNetOp gdn = plan.gdn) {
+      const int64_t hk = gdn.getNumKeyHeads(), hv = gdn.getNumValueHeads();
+      const int64_t dk = gdn.getKeyHeadDim(), dv = gdn.getValueHeadDim();
+      if (hk % ranks)
+        return "its " + std::to_string(hk) + " key heads do not split over tp = " + std::to_string(ranks);
+      for (Value operand : {gdn.getQkvz(), gdn.getBa()}) // one group per key head: a rank's are one block
+        if (!intoRegion(operand))
+          return why;
+      if (!addWeight(gdn.getConvWeight(), 0, {hk * dk, hk * dk, hv * dv}) || !addWeight(gdn.getDtBias(), 0))
+        return why;
+      ArrayRef<int64_t> aLog = tensorType(gdn.getALog()).getShape();
+      auto headDim = llvm::find(aLog, hv);
+      if (headDim == aLog.end())
+        return "its A_log has no dimension of its " + std::to_string(hv) + " value heads";
+      if (!addWeight(gdn.getALog(), static_cast<int>(headDim - aLog.begin())) || !addPartialGrad(gdn.getNormWeight()))
+        return why;
+    } else if (moe::KDAOp kda = plan.kda) {
       // Every [tokens, heads x ...] operand comes from projections split on out (the low-rank
       // decay and gate: their second projection); the per-channel parameters split with their
       // heads; the norm is shared by every head.
@@ -197,7 +232,8 @@ private:
     return false;
   }
 
-  bool addWeight(Value read, int dim) {
+  /// `pieces`: the parts of `dim` (leading) that split separately, their extents in order.
+  bool addWeight(Value read, int dim, llvm::SmallVector<int64_t> pieces = {}) {
     auto weight = read.getDefiningOp<moe::WeightOp>();
     if (!weight)
       return fail("a projection reads a weight that is not a moe.weight");
@@ -206,7 +242,18 @@ private:
       return fail("a projection's weight is split already");
     if (param.getTensorType().getDimSize(dim) % ranks)
       return fail("a projection's weight does not split over tp");
-    plan.splits.push_back({weight, dim});
+    if (!pieces.empty()) {
+      int64_t total = 0;
+      for (int64_t part : pieces) {
+        if (part % ranks)
+          return fail("a part of a stacked weight does not split over tp");
+        total += part;
+      }
+      // A trainable one would need its PEFT export and gradients in pieces too.
+      if (dim != 0 || total != param.getTensorType().getDimSize(0) || param.getTrainable())
+        return fail("a stacked weight's parts do not match its leading dimension, or it is trainable");
+    }
+    plan.splits.push_back({weight, dim, std::move(pieces)});
     return true;
   }
 
@@ -279,16 +326,19 @@ void apply(HeadSplit &plan, int64_t ranks) {
   Operation *center = plan.mlp                   ? plan.mlp
                       : plan.mla                 ? plan.mla
                       : plan.kda.getOperation()  ? plan.kda.getOperation()
+                      : plan.gdn.getOperation()  ? plan.gdn.getOperation()
                                                  : plan.attention.getOperation();
   MLIRContext *context = center->getContext();
   OpBuilder b(context);
   StringAttr tp = b.getStringAttr("tp");
-  for (auto [weight, dim] : plan.splits) {
-    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+  for (HeadSplit::Split &split : plan.splits) {
+    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(split.weight, split.weight.getParamAttr());
     SmallVector<StringAttr> dims(param.getTensorType().getRank(), b.getStringAttr(""));
-    dims[dim] = tp;
+    dims[split.dim] = tp;
     param.setShardingAttr(moe::ShardingAttr::get(context, dims));
-    weight.getResult().setType(param.getLocalType());
+    if (!split.pieces.empty())
+      param->setAttr(moe::kTpPiecesAttr, b.getDenseI64ArrayAttr(split.pieces));
+    split.weight.getResult().setType(param.getLocalType());
   }
   for (moe::WeightOp weight : plan.partialGrads) {
     auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
@@ -319,6 +369,18 @@ void apply(HeadSplit &plan, int64_t ranks) {
     // The shared rotated key: each rank's heads give part of its gradient.
     b.setInsertionPoint(mla);
     mla->setOperand(1, b.create<moe::TpEnterOp>(because, mla->getOperand(1), tp).getResult());
+  } else if (moe::GatedDeltaNetOp gdn = plan.gdn) {
+    auto layer = gdn->getParentOfType<moe::LayerOp>();
+    int64_t heads = gdn.getNumKeyHeads();
+    because = NameLoc::get(
+        b.getStringAttr(llvm::formatv("the {0} key heads of @{1}'s linear attention (Gated DeltaNet) split over tp = "
+                                      "{2} ({3} per rank, with their value heads)",
+                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
+                            .str()),
+        gdn.getLoc());
+    gdn.setNumKeyHeads(heads / ranks);
+    gdn.setNumValueHeads(gdn.getNumValueHeads() / ranks);
+    gdn.getResult().setType(splitFeatures(gdn.getResult().getType(), ranks));
   } else if (moe::KDAOp kda = plan.kda) {
     auto layer = kda->getParentOfType<moe::LayerOp>();
     int64_t heads = kda.getNumHeads();
@@ -524,7 +586,7 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
       attentions.push_back(attention);
     else if (isa<moe::MLAOp, moe::SparseAttentionOp>(op))
       latents.push_back(op);
-    else if (isa<moe::KDAOp>(op))
+    else if (isa<moe::KDAOp, moe::GatedDeltaNetOp>(op))
       kdas.push_back(op);
   });
   for (moe::AttentionOp attention : attentions)

@@ -296,6 +296,27 @@ absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
                                       staging.size());
     } else if (binding.experts_size() > 0) {
       status = readPlacedRows(checkpoint, binding, shape, slice, *dtype, staging);
+    } else if (binding.pieces_size() > 0) { // windows concatenated along the leading dimension
+      size_t at = 0;
+      for (const plan::Slice &piece : binding.pieces()) {
+        weights::Slice window;
+        size_t bytes = weights::dtypeSize(*dtype);
+        for (const plan::Slice::Range &range : piece.dims()) {
+          window.start.push_back(range.start());
+          window.size.push_back(range.size());
+          bytes *= static_cast<size_t>(range.size());
+        }
+        if (at + bytes > staging.size()) {
+          status = absl::InvalidArgumentError("the pieces hold more than the buffer");
+          break;
+        }
+        status = checkpoint.readSlice(binding.tensor(), window, *dtype, staging.data() + at, bytes);
+        if (!status.ok())
+          break;
+        at += bytes;
+      }
+      if (status.ok() && at != staging.size())
+        status = absl::InvalidArgumentError("the pieces hold less than the buffer");
     } else if (!slice.start.empty()) {
       status = checkpoint.readSlice(binding.tensor(), slice, *dtype, staging.data(), staging.size());
     } else {

@@ -289,7 +289,9 @@ checkpointTensors(const plan::Plan &plan) {
         shape.erase(shape.begin());
       }
       const plan::Slice &slice = binding.slice();
-      if (slice.dims_size() != 0) {
+      if (binding.pieces_size() > 0) { // windows of the whole tensor (the validator checked them)
+        shape.assign(binding.whole_shape().begin(), binding.whole_shape().end());
+      } else if (slice.dims_size() != 0) {
         if (size_t(slice.dims_size()) != shape.size())
           return error(absl::StrCat("slice has ", slice.dims_size(), " ranges for a tensor of ",
                                     shape.size(), " dimensions"));

@@ -138,6 +138,13 @@ std::string bindingText(const WeightBinding &binding) {
                                     absl::StrAppend(out, range.start(), "+", range.size());
                                   }),
                     "]");
+  for (const Slice &piece : binding.pieces())
+    absl::StrAppend(&text, " piece [",
+                    absl::StrJoin(piece.dims(), ",",
+                                  [](std::string *out, const Slice::Range &range) {
+                                    absl::StrAppend(out, range.start(), "+", range.size());
+                                  }),
+                    "]");
   if (binding.experts_size() > 0)
     absl::StrAppend(&text, " experts=", absl::StrJoin(binding.experts(), ","));
   else if (binding.first_expert() != 0 || absl::StrContains(binding.tensor(), "{expert}"))

@@ -562,6 +562,34 @@ private:
         problems.add(at, "experts lists ", binding.experts_size(), " experts for ", bufferRef(id, buffer),
                      " of shape ", shapeToString(buffer.shape()), ", expected one per row of its leading dimension");
 
+      // Pieces: windows of the whole tensor that fill the buffer along its leading dimension.
+      if (binding.pieces_size() > 0) {
+        if (hasExpert || placed || binding.slice().dims_size() > 0 || buffer.shape_size() == 0 ||
+            binding.whole_shape_size() != buffer.shape_size()) {
+          problems.add(at, "pieces need a buffer of rank >= 1 with whole_shape of its rank, and no slice, "
+                           "{expert} or experts");
+          continue;
+        }
+        int64_t rows = 0;
+        for (int p = 0; p < binding.pieces_size(); ++p) {
+          const Slice &piece = binding.pieces(p);
+          if (piece.dims_size() != buffer.shape_size()) {
+            problems.add(at, "pieces[", p, "] has ", piece.dims_size(), " dims, expected ", buffer.shape_size());
+            continue;
+          }
+          for (int d = 0; d < piece.dims_size(); ++d) {
+            const Slice::Range &range = piece.dims(d);
+            if (range.start() < 0 || range.size() <= 0 || range.start() + range.size() > binding.whole_shape(d) ||
+                (d > 0 && range.size() != buffer.shape(d)))
+              problems.add(at, "pieces[", p, "].dims[", d, "] is ", range.start(), "+", range.size(),
+                           ", outside the tensor's ", binding.whole_shape(d), " or not the buffer's ", buffer.shape(d));
+          }
+          rows += piece.dims(0).size();
+        }
+        if (rows != buffer.shape(0))
+          problems.add(at, "pieces hold ", rows, " rows, ", bufferRef(id, buffer), " has ", buffer.shape(0));
+        continue;
+      }
       // With {expert} (or a placement's experts) the slice addresses one expert's tensor: the
       // buffer's shape without its leading (expert) dimension.
       const Slice &slice = binding.slice();

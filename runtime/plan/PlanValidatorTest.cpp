@@ -526,6 +526,33 @@ TEST_F(PlanValidatorTest, RejectsSliceThatDoesNotMatchTheBuffer) {
   EXPECT_THAT(message, HasSubstr("slice.dims[1].start is -1, expected >= 0"));
 }
 
+// A tensor-parallel rank's share of each part of a stacked tensor (Gated DeltaNet's convolution):
+// windows of the whole tensor whose rows fill the buffer in order.
+TEST_F(PlanValidatorTest, PiecesFillTheBufferFromTheWholeTensor) {
+  WeightBinding *binding = rank0().mutable_weights(0); // buffer [32, 64]
+  binding->clear_slice();
+  binding->add_whole_shape(64);
+  binding->add_whole_shape(64);
+  auto piece = [&](int64_t start, int64_t rows) {
+    Slice *p = binding->add_pieces();
+    p->add_dims()->set_start(start);
+    p->mutable_dims(0)->set_size(rows);
+    p->add_dims()->set_size(64);
+    return p;
+  };
+  piece(0, 16);
+  Slice *second = piece(32, 16);
+  EXPECT_EQ(messageOf(plan), "OK");
+  second->mutable_dims(0)->set_size(8);
+  EXPECT_THAT(messageOf(plan), HasSubstr("pieces hold 24 rows, buffer 0"));
+  second->mutable_dims(0)->set_size(16);
+  second->mutable_dims(0)->set_start(56);
+  EXPECT_THAT(messageOf(plan), HasSubstr("pieces[1].dims[0] is 56+16, outside the tensor's 64"));
+  second->mutable_dims(0)->set_start(32);
+  binding->mutable_slice()->add_dims()->set_size(32);
+  EXPECT_THAT(messageOf(plan), HasSubstr("pieces need a buffer of rank >= 1 with whole_shape of its rank, and no slice"));
+}
+
 TEST_F(PlanValidatorTest, ExpertSliceSkipsTheExpertDimension) {
   Slice *slice = rank0().mutable_weights(1)->mutable_slice();
   for (int64_t size : {16, 64}) {

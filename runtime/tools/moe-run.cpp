@@ -146,6 +146,17 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
     int64_t perRow = 1;
     for (int d = 1; d < buffer.shape_size(); ++d)
       perRow *= buffer.shape(d);
+    if (binding.pieces_size() > 0) { // windows of the tensor's rows, each filled as the whole tensor has it
+      int row = 0;
+      for (const moec::plan::Slice &piece : binding.pieces()) {
+        attrs["first_index"].set_i(piece.dims(0).start() * perRow);
+        const int rows = static_cast<int>(piece.dims(0).size());
+        if (absl::Status s = session.executor->launchOnRows("fill_random", binding.buffer(), row, rows, attrs); !s.ok())
+          return absl::Status(s.code(), absl::StrCat("random weights for '", name, "': ", s.message()));
+        row += rows;
+      }
+      continue;
+    }
     int64_t firstRow = binding.first_expert();
     if (binding.slice().dims_size() > 0 && binding.experts_size() == 0 && name.find("{expert}") == std::string::npos)
       firstRow = binding.slice().dims(0).start();

@@ -11,6 +11,7 @@
 // RUN: moe-opt %inputs/parallel_mlps.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MERGE
 // RUN: moe-opt %inputs/dense_mlp.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=up_proj,down_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MLP
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
+// RUN: moe-opt %inputs/gdn.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj_qkvz,out_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=GDN
 // RUN: moe-opt %inputs/kda.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=f_b_proj,o_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=KDA
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
@@ -82,7 +83,7 @@
 // TP-NEXT: %[[W:.*]] = moe.tp_enter %weights {axis = "tp"} : tensor<?x2xf32>
 // TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %[[W]]
 // TP-NEXT: moe.tp_exit %[[C]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
-// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
+// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
 // heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the
@@ -148,6 +149,28 @@
 // MERGE-NEXT: %[[OUT:.*]] = moe.tp_exit %[[SUM]] {axis = "tp"}
 // MERGE-NEXT: moe.add %arg0, %[[OUT]]
 // MERGE-NOT: moe.tp_exit
+
+// Gated DeltaNet splits its key heads with their value heads: in_proj_qkvz and in_proj_ba hold one
+// group per key head, so they split on out (the adapter's B too); the convolution over
+// concat(q, k, v) splits each of its three parts (moe.tp_pieces: the parts' whole extents);
+// A_log and dt_bias by value head; the shared norm stays whole; one partial sum leaves after
+// out_proj.
+// GDN: moe.param @in_proj_qkvz {{.*}} : tensor<48x16xf32> sharding #moe.sharding<[tp, _]>
+// GDN: moe.param @in_proj_qkvz_lora_A {{.*}} : tensor<2x16xf32> {moe.tp_partial_grad}
+// GDN: moe.param @in_proj_qkvz_lora_B {{.*}} sharding #moe.sharding<[tp, _]>
+// GDN: moe.param @in_proj_ba {{.*}} sharding #moe.sharding<[tp, _]>
+// GDN: moe.param @conv {{.*}} : tensor<32x1x4xf32> sharding #moe.sharding<[tp, _, _]> {moe.tp_pieces = array<i64: 8, 8, 16>}
+// GDN: moe.param @a_log {{.*}} : tensor<4xf32> sharding #moe.sharding<[tp]>
+// GDN: moe.param @dt_bias {{.*}} : tensor<4xf32> sharding #moe.sharding<[tp]>
+// GDN: moe.param @o_norm {{.*}} : tensor<4xf32>{{$}}
+// GDN: moe.param @out_proj {{.*}} sharding #moe.sharding<[_, tp]>
+// GDN: %[[IN:.*]] = moe.tp_enter
+// GDN: moe.linear %[[IN]], {{.*}} -> tensor<?x24xf32>
+// GDN: moe.linear %[[IN]], {{.*}} -> tensor<?x4xf32>
+// GDN: %[[O:.*]] = moe.gated_delta_net {{.*}} num_key_heads = 1 : i64, num_value_heads = 2 : i64{{.*}} -> tensor<?x8xf32>
+// GDN: moe.linear %[[O]], {{.*}} : (tensor<?x8xf32>, tensor<16x8xf32>) -> tensor<?x16xf32>
+// GDN: moe.tp_exit
+// GDN-NEXT: moe.add %arg0
 
 // KDA splits its heads: q/k/v, the beta logits and the second projections of the low-rank decay
 // and gate split on out (the first stays whole: its output enters the region), the per-channel
