@@ -74,11 +74,10 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     if (report->split.empty()) {
       InFlightDiagnostic error = model.emitError("--moe-propagate-sharding: tp = ")
                                  << ranks
-                                 << " splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net), dense MLPs "
+                                 << " splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net, moe.mamba2), dense MLPs "
                                     "and expert MLPs, and ";
       if (report->kept.empty())
-        error << "this model has none to split (Mamba-2 is not split over tp yet; experts split "
-                 "over ep stay whole)";
+        error << "this model has none to split (experts split over ep stay whole)";
       for (const auto &[what, why] : report->kept)
         error << "@" << what << " cannot: " << why << "; ";
       return error;

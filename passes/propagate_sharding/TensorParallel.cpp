@@ -28,9 +28,12 @@
 // projections qkvz and ba hold one group per key head (q, k, v, z; b, a), so a rank's heads are
 // one block of rows of in_proj_qkvz and in_proj_ba (split on out); its convolution runs over
 // concat(q, k, v) of every head, three parts each split over tp (moe.tp_pieces); A_log and
-// dt_bias split with the value heads; the norm weight is shared. Mamba-2 stays whole: its
-// in_proj output stacks five parts (z, x, B, C, dt), and a trainable adapter on it would need
-// its B factor in five pieces too.
+// dt_bias split with the value heads; the norm weight is shared.
+//
+// Mamba-2 (moe.mamba2) splits its heads and groups (a head reads its group's B and C): in_proj
+// (frozen, no adapter: a trainable B would need its export and gradients in pieces too) in five
+// pieces, its outputs z, x, B, C and dt each split; the convolution (and its bias) over x, B
+// and C in three; dt_bias, A_log, D by head; the grouped norm's weight by group.
 //
 // Dense MLPs (dense layers, shared experts) split their intermediate features as attention
 // splits heads: gate and up projections split on out, moe.glu / moe.activation of splits is
@@ -65,6 +68,7 @@ struct HeadSplit {
   Operation *mla = nullptr;   // moe.mla or moe.sparse_attention (heads split, key_rope shared)
   moe::KDAOp kda;             // Kimi Delta Attention (heads split with their parameters)
   moe::GatedDeltaNetOp gdn;   // Gated DeltaNet (key heads split, with their value heads)
+  moe::Mamba2Op mamba;        // Mamba-2 (heads and groups split)
   Operation *mlp = nullptr;   // an MLP's activation (moe.glu, moe.activation)
   llvm::SetVector<Operation *> region;   // computing q, k, v from replicated values (retyped)
   llvm::SetVector<Operation *> gates;    // after the attention, still split (retyped)
@@ -97,6 +101,9 @@ public:
     } else if (auto gdn = dyn_cast<moe::GatedDeltaNetOp>(op)) {
       plan.gdn = gdn;
       inputsName = "Gated DeltaNet projection";
+    } else if (auto mamba = dyn_cast<moe::Mamba2Op>(op)) {
+      plan.mamba = mamba;
+      inputsName = "Mamba-2 projection";
     } else {
       plan.mlp = op;
       inputsName = "gate/up";
@@ -108,8 +115,35 @@ public:
     Operation *center = plan.mlp   ? plan.mlp
                         : plan.mla ? plan.mla
                         : plan.gdn ? plan.gdn.getOperation()
+                        : plan.mamba ? plan.mamba.getOperation()
                                    : plan.kda.getOperation();
-    if (moe::GatedDeltaNetOp gdn = plan.gdn) {
+    if (moe::Mamba2Op mamba = plan.mamba) {
+      const int64_t h = mamba.getNumHeads(), g = mamba.getNumGroups(), p = mamba.getHeadDim();
+      const int64_t n = mamba.getStateSize();
+      if (h % ranks || g % ranks)
+        return "its " + std::to_string(h) + " heads and " + std::to_string(g) + " groups do not split over tp = " +
+               std::to_string(ranks);
+      // zxbcdt stacks z, x, B, C and dt: in_proj splits in five pieces.
+      auto in = mamba.getZxbcdt().getDefiningOp<moe::LinearOp>();
+      if (!in || in.getBias())
+        return "its in_proj is not one projection without bias or adapter (an adapter's B would need pieces)";
+      if (!addWeight(in.getWeight(), 0, {h * p, h * p, g * n, g * n, h}))
+        return why;
+      plan.inputs.insert(in.getInput());
+      plan.region.insert(in);
+      const SmallVector<int64_t> xbc = {h * p, g * n, g * n};
+      if (!addWeight(mamba.getConvWeight(), 0, xbc) ||
+          (mamba.getConvBias() && !addWeight(mamba.getConvBias(), 0, xbc)) || !addWeight(mamba.getNormWeight(), 0))
+        return why;
+      for (Value perHead : {mamba.getDtBias(), mamba.getALog(), mamba.getDSkip()}) {
+        ArrayRef<int64_t> shape = tensorType(perHead).getShape();
+        auto headDim = llvm::find(shape, h);
+        if (headDim == shape.end())
+          return "a per-head parameter has no dimension of its " + std::to_string(h) + " heads";
+        if (!addWeight(perHead, static_cast<int>(headDim - shape.begin())))
+          return why;
+      }
+    } else if (moe::GatedDeltaNetOp gdn = plan.gdn) {
       const int64_t hk = gdn.getNumKeyHeads(), hv = gdn.getNumValueHeads();
       const int64_t dk = gdn.getKeyHeadDim(), dv = gdn.getValueHeadDim();
       if (hk % ranks)
@@ -327,6 +361,7 @@ void apply(HeadSplit &plan, int64_t ranks) {
                       : plan.mla                 ? plan.mla
                       : plan.kda.getOperation()  ? plan.kda.getOperation()
                       : plan.gdn.getOperation()  ? plan.gdn.getOperation()
+                      : plan.mamba.getOperation() ? plan.mamba.getOperation()
                                                  : plan.attention.getOperation();
   MLIRContext *context = center->getContext();
   OpBuilder b(context);
@@ -369,6 +404,18 @@ void apply(HeadSplit &plan, int64_t ranks) {
     // The shared rotated key: each rank's heads give part of its gradient.
     b.setInsertionPoint(mla);
     mla->setOperand(1, b.create<moe::TpEnterOp>(because, mla->getOperand(1), tp).getResult());
+  } else if (moe::Mamba2Op mamba = plan.mamba) {
+    auto layer = mamba->getParentOfType<moe::LayerOp>();
+    int64_t heads = mamba.getNumHeads();
+    because = NameLoc::get(
+        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s Mamba-2 mixer split over tp = {2} ({3} per rank, "
+                                      "with their groups)",
+                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
+                            .str()),
+        mamba.getLoc());
+    mamba.setNumHeads(heads / ranks);
+    mamba.setNumGroups(mamba.getNumGroups() / ranks);
+    mamba.getResult().setType(splitFeatures(mamba.getResult().getType(), ranks));
   } else if (moe::GatedDeltaNetOp gdn = plan.gdn) {
     auto layer = gdn->getParentOfType<moe::LayerOp>();
     int64_t heads = gdn.getNumKeyHeads();
@@ -586,15 +633,15 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
       attentions.push_back(attention);
     else if (isa<moe::MLAOp, moe::SparseAttentionOp>(op))
       latents.push_back(op);
-    else if (isa<moe::KDAOp, moe::GatedDeltaNetOp>(op))
+    else if (isa<moe::KDAOp, moe::GatedDeltaNetOp, moe::Mamba2Op>(op))
       kdas.push_back(op);
   });
   for (moe::AttentionOp attention : attentions)
     splitRegion(Analysis(attention, ranks), attention, "attention");
   for (Operation *mla : latents)
     splitRegion(Analysis(mla, ranks), mla, "latent attention");
-  for (Operation *kda : kdas)
-    splitRegion(Analysis(kda, ranks), kda, "linear attention");
+  for (Operation *mixer : kdas)
+    splitRegion(Analysis(mixer, ranks), mixer, isa<moe::Mamba2Op>(mixer) ? "Mamba-2 mixer" : "linear attention");
   SmallVector<moe::ExpertMLPOp> mlps;
   model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
   for (moe::ExpertMLPOp mlp : mlps) {

@@ -12,6 +12,8 @@
 // RUN: moe-opt %inputs/dense_mlp.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=up_proj,down_proj rank=4},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MLP
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
 // RUN: moe-opt %inputs/gdn.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj_qkvz,out_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=GDN
+// RUN: moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=out_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MAMBA
+// RUN: not moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=MAMBA-LORA
 // RUN: moe-opt %inputs/kda.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=f_b_proj,o_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=KDA
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
@@ -83,7 +85,7 @@
 // TP-NEXT: %[[W:.*]] = moe.tp_enter %weights {axis = "tp"} : tensor<?x2xf32>
 // TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %[[W]]
 // TP-NEXT: moe.tp_exit %[[C]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
-// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
+// TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net, moe.mamba2), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 
 // Tensor parallel: the attention's heads split over tp (2 of 4 query heads, 1 of 2 key/value
 // heads per rank). q/k/v projections split by rows (their outputs are this rank's heads), the
@@ -171,6 +173,28 @@
 // GDN: moe.linear %[[O]], {{.*}} : (tensor<?x8xf32>, tensor<16x8xf32>) -> tensor<?x16xf32>
 // GDN: moe.tp_exit
 // GDN-NEXT: moe.add %arg0
+
+// Mamba-2 splits its heads with their groups: in_proj in five pieces (z, x, B, C, dt, each split),
+// the convolution and its bias in three (x, B, C), dt_bias, A_log and D by head, the grouped
+// norm's weight by group; one partial sum leaves after out_proj.
+// MAMBA: moe.param @in_proj {{.*}} : tensor<34x16xf32> sharding #moe.sharding<[tp, _]> {moe.tp_pieces = array<i64: 8, 8, 8, 8, 2>}
+// MAMBA: moe.param @conv {{.*}} sharding #moe.sharding<[tp, _, _]> {moe.tp_pieces = array<i64: 8, 8, 8>}
+// MAMBA: moe.param @conv_bias {{.*}} sharding #moe.sharding<[tp]> {moe.tp_pieces = array<i64: 8, 8, 8>}
+// MAMBA: moe.param @dt_bias {{.*}} sharding #moe.sharding<[tp]>
+// MAMBA: moe.param @a_log {{.*}} sharding #moe.sharding<[tp]>
+// MAMBA: moe.param @d {{.*}} sharding #moe.sharding<[tp]>
+// MAMBA: moe.param @mixer_norm {{.*}} sharding #moe.sharding<[tp]>
+// MAMBA: moe.param @out_proj {{.*}} sharding #moe.sharding<[_, tp]>
+// MAMBA: %[[IN:.*]] = moe.tp_enter
+// MAMBA: moe.linear %[[IN]], {{.*}} -> tensor<?x17xf32>
+// MAMBA: %[[O:.*]] = moe.mamba2 {{.*}} num_groups = 1 : i64, num_heads = 1 : i64{{.*}} -> tensor<?x4xf32>
+// MAMBA: moe.linear %[[O]], {{.*}} : (tensor<?x4xf32>, tensor<16x4xf32>) -> tensor<?x16xf32>
+// MAMBA: moe.tp_exit
+// MAMBA-NEXT: moe.add %arg0
+
+// An adapter on in_proj would need its B factor (and its export and gradients) in pieces: the
+// mixer stays whole, and with nothing else to split that is an error naming why.
+// MAMBA-LORA: @mamba2 (Mamba-2 mixer) cannot: its in_proj is not one projection without bias or adapter
 
 // KDA splits its heads: q/k/v, the beta logits and the second projections of the low-rank decay
 // and gate split on out (the first stays whole: its output enters the region), the per-channel
