@@ -356,6 +356,21 @@ RankedTensorType splitFeatures(Type type, int64_t ranks) {
   return RankedTensorType::get(shape, tensor.getElementType());
 }
 
+/// Where a region's collectives come from, as their location (--emit=report lists it): "the
+/// <count> <what> of @<layer>'s <mixer> split over tp = <ranks><per rank>".
+Location splitLocation(Operation *center, int64_t count, llvm::StringRef what, llvm::StringRef mixer, int64_t ranks,
+                       llvm::StringRef perRank = "") {
+  auto layer = center->getParentOfType<moe::LayerOp>();
+  std::string text = llvm::formatv("the {0} {1} of @{2}'s {3} split over tp = {4}{5}", count, what,
+                                   layer ? layer.getSymName() : "model", mixer, ranks, perRank)
+                         .str();
+  return NameLoc::get(StringAttr::get(center->getContext(), text), center->getLoc());
+}
+
+std::string perRank(int64_t count, int64_t ranks, llvm::StringRef with = "") {
+  return llvm::formatv(" ({0} per rank{1})", count / ranks, with).str();
+}
+
 void apply(HeadSplit &plan, int64_t ranks) {
   Operation *center = plan.mlp                   ? plan.mlp
                       : plan.mla                 ? plan.mla
@@ -391,13 +406,8 @@ void apply(HeadSplit &plan, int64_t ranks) {
   // Where the region's collectives come from (their location; --emit=report lists it).
   Location because = center->getLoc();
   if (Operation *mla = plan.mla) {
-    auto layer = mla->getParentOfType<moe::LayerOp>();
     int64_t heads = mla->getAttrOfType<IntegerAttr>("num_heads").getInt();
-    because = NameLoc::get(
-        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s latent attention split over tp = {2} ({3} per rank)",
-                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
-                            .str()),
-        mla->getLoc());
+    because = splitLocation(mla, heads, "heads", "latent attention", ranks, perRank(heads, ranks));
     mla->setAttr("num_heads", b.getI64IntegerAttr(heads / ranks));
     for (Value result : mla->getResults()) // the result, and the logsumexp (a column per head)
       result.setType(splitFeatures(result.getType(), ranks));
@@ -405,61 +415,34 @@ void apply(HeadSplit &plan, int64_t ranks) {
     b.setInsertionPoint(mla);
     mla->setOperand(1, b.create<moe::TpEnterOp>(because, mla->getOperand(1), tp).getResult());
   } else if (moe::Mamba2Op mamba = plan.mamba) {
-    auto layer = mamba->getParentOfType<moe::LayerOp>();
     int64_t heads = mamba.getNumHeads();
-    because = NameLoc::get(
-        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s Mamba-2 mixer split over tp = {2} ({3} per rank, "
-                                      "with their groups)",
-                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
-                            .str()),
-        mamba.getLoc());
+    because = splitLocation(mamba, heads, "heads", "Mamba-2 mixer", ranks, perRank(heads, ranks, ", with their groups"));
     mamba.setNumHeads(heads / ranks);
     mamba.setNumGroups(mamba.getNumGroups() / ranks);
     mamba.getResult().setType(splitFeatures(mamba.getResult().getType(), ranks));
   } else if (moe::GatedDeltaNetOp gdn = plan.gdn) {
-    auto layer = gdn->getParentOfType<moe::LayerOp>();
     int64_t heads = gdn.getNumKeyHeads();
-    because = NameLoc::get(
-        b.getStringAttr(llvm::formatv("the {0} key heads of @{1}'s linear attention (Gated DeltaNet) split over tp = "
-                                      "{2} ({3} per rank, with their value heads)",
-                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
-                            .str()),
-        gdn.getLoc());
+    because = splitLocation(gdn, heads, "key heads", "linear attention (Gated DeltaNet)", ranks,
+                            perRank(heads, ranks, ", with their value heads"));
     gdn.setNumKeyHeads(heads / ranks);
     gdn.setNumValueHeads(gdn.getNumValueHeads() / ranks);
     gdn.getResult().setType(splitFeatures(gdn.getResult().getType(), ranks));
   } else if (moe::KDAOp kda = plan.kda) {
-    auto layer = kda->getParentOfType<moe::LayerOp>();
     int64_t heads = kda.getNumHeads();
-    because = NameLoc::get(
-        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s linear attention (KDA) split over tp = {2} ({3} per rank)",
-                                      heads, layer ? layer.getSymName() : "model", ranks, heads / ranks)
-                            .str()),
-        kda.getLoc());
+    because = splitLocation(kda, heads, "heads", "linear attention (KDA)", ranks, perRank(heads, ranks));
     kda.setNumHeads(heads / ranks);
     kda.getResult().setType(splitFeatures(kda.getResult().getType(), ranks));
   } else if (moe::AttentionOp attention = plan.attention) {
-    auto layer = attention->getParentOfType<moe::LayerOp>();
-    because = NameLoc::get(
-        b.getStringAttr(llvm::formatv("the {0} heads of @{1}'s attention split over tp = {2} ({3} per rank)",
-                                      attention.getNumHeads(), layer ? layer.getSymName() : "model", ranks,
-                                      attention.getNumHeads() / ranks)
-                            .str()),
-        attention.getLoc());
+    because = splitLocation(attention, attention.getNumHeads(), "heads", "attention", ranks,
+                            perRank(attention.getNumHeads(), ranks));
     attention.setNumHeads(attention.getNumHeads() / ranks);
     attention.setNumKvHeads(attention.getNumKvHeads() / ranks);
     attention.getResult().setType(splitFeatures(attention.getResult().getType(), ranks));
     if (Value lse = attention.getLogsumexp()) // one column per head
       lse.setType(splitFeatures(lse.getType(), ranks));
   } else {
-    auto layer = plan.mlp->getParentOfType<moe::LayerOp>();
     Value h = plan.mlp->getResult(0);
-    because = NameLoc::get(
-        b.getStringAttr(llvm::formatv("the {0} intermediate features of @{1}'s MLP split over tp = {2}",
-                                      tensorType(h).getDimSize(1), layer ? layer.getSymName() : "model",
-                                      ranks)
-                            .str()),
-        plan.mlp->getLoc());
+    because = splitLocation(plan.mlp, tensorType(h).getDimSize(1), "intermediate features", "MLP", ranks);
     h.setType(splitFeatures(h.getType(), ranks));
   }
   for (Value input : plan.inputs) {

@@ -274,30 +274,10 @@ TEST(ExpertMlpBackward, OnlySomeGradientsRequested) {
   EXPECT_LT(relativeError(grads[1], numericGradient(c.x, loss)), 1e-4);
 }
 
-/// The backward of `forward` (run, its pre-activations its second result) given `saved` as the
-/// forward's saved pre-activations: the gradients of `wrt` for d result = dy.
-std::vector<std::vector<float>> backwardFromSaved(KernelCall &forward, const std::vector<int64_t> &wrt,
-                                                  const OwnedTensor &saved, const Values &dy) {
-  KernelCall backward(registry(), "expert_mlp.backward");
-  backward.attributes() = forward.attributes();
-  backward.attr("grad_of_inputs", wrt).attr("grad_of_outputs", std::vector<int64_t>{0});
-  for (OwnedTensor &t : forward.inputsRef())
-    backward.input(t);
-  backward.input(saved).input(tensorOf(forward.result(0).shape, dy));
-  backward.attr("backward_segments", std::vector<int64_t>{static_cast<int64_t>(forward.inputsRef().size()), 1, 1});
-  for (int64_t i : wrt)
-    backward.output(plan::F32, forward.inputsRef().at(i).shape);
-  backward.run();
-  std::vector<std::vector<float>> grads;
-  for (size_t i = 0; i < wrt.size(); ++i)
-    grads.push_back(backward.result(i).floats());
-  return grads;
-}
-
 // The forward's optional second output: each counted row's gate x in columns [0, I) and up x in
 // [I, 2 I), zero past the counted rows. A backward given them reads them: with the true ones it
 // gives the recomputing backward's gradients; with the gate's half zeroed (silu(0) = 0) the up
-// weights' gradient dyᵀ... through silu(g) is zero.
+// weights' gradient (dp = dh silu(g), dW_up = dpᵀ x) is zero.
 TEST(ExpertMlp, SavedPreActivations) {
   ExpertCase c = baseCase("silu", true, 121);
   c.padding = 2;
@@ -327,17 +307,17 @@ TEST(ExpertMlp, SavedPreActivations) {
 
   const std::vector<int64_t> wrt = {operands[Tokens], operands[Up], operands[Gate], operands[Down]};
   Values dy = randomValues(c.rows() * c.features, 123);
-  std::vector<std::vector<float>> recomputed = runBackward(call, wrt, {0}, {tensorOf({c.rows(), c.features}, dy)});
-  std::vector<std::vector<float>> fromSaved = backwardFromSaved(call, wrt, call.result(1), dy);
+  const OwnedTensor dResult = tensorOf({c.rows(), c.features}, dy);
+  std::vector<std::vector<float>> recomputed = runBackward(call, wrt, {0}, {dResult});
+  std::vector<std::vector<float>> fromSaved = runBackward(call, wrt, {0}, {dResult}, false, {call.result(1)});
   for (size_t i = 0; i < wrt.size(); ++i)
     EXPECT_LT(relativeError(fromSaved[i], Values(recomputed[i].begin(), recomputed[i].end())), 1e-6) << i;
 
-  OwnedTensor zeroGate = call.result(1);
-  std::vector<float> values = zeroGate.floats();
+  std::vector<float> values = call.result(1).floats();
   for (int64_t r = 0; r < c.rows(); ++r)
     std::fill(values.begin() + r * width, values.begin() + r * width + n, 0.0f);
   std::vector<std::vector<float>> gateless =
-      backwardFromSaved(call, wrt, tensorOf({c.rows(), width}, Values(values.begin(), values.end())), dy);
+      runBackward(call, wrt, {0}, {dResult}, false, {tensorOf({c.rows(), width}, Values(values.begin(), values.end()))});
   for (float v : gateless[1])
     EXPECT_EQ(v, 0.0f) << "the up weights' gradient with silu(gate) = 0";
   EXPECT_GT(relativeError(gateless[0], Values(recomputed[0].begin(), recomputed[0].end())), 1e-2);

@@ -284,14 +284,16 @@ KernelCall expertCall(const ExpertCase &c, std::vector<int64_t> *operands) {
 std::vector<std::vector<float>> runBackward(KernelCall &forward, const std::vector<int64_t> &wrt,
                                             const std::vector<int64_t> &outputsWithGrad,
                                             const std::vector<OwnedTensor> &outputGrads,
-                                            bool withResults) {
+                                            bool withResults, const std::vector<OwnedTensor> &saved) {
   KernelCall backward(registry(), forward.kernelName() + ".backward");
   backward.attributes() = forward.attributes();
   backward.attr("grad_of_inputs", wrt).attr("grad_of_outputs", outputsWithGrad);
   for (OwnedTensor &t : forward.inputsRef())
     backward.input(t);
-  int64_t results = 0;
-  if (withResults)
+  int64_t results = static_cast<int64_t>(saved.size());
+  for (const OwnedTensor &t : saved)
+    backward.input(t);
+  if (withResults && saved.empty())
     for (;; ++results) {
       try {
         backward.input(forward.result(results));

@@ -82,11 +82,13 @@ Values naiveExperts(const ExpertCase &c);
 KernelCall expertCall(const ExpertCase &c, std::vector<int64_t> *operands = nullptr);
 
 /// Runs `<forward>.backward` for `forward` (already run) with the given output
-/// gradients, and returns the gradients of `wrt`.
+/// gradients, and returns the gradients of `wrt`. `withResults` passes every forward result
+/// to the backward; `saved` (when not empty) passes these instead (an expert MLP's saved
+/// pre-activations).
 std::vector<std::vector<float>> runBackward(KernelCall &forward, const std::vector<int64_t> &wrt,
                                             const std::vector<int64_t> &outputsWithGrad,
                                             const std::vector<OwnedTensor> &outputGrads,
-                                            bool withResults = false);
+                                            bool withResults = false, const std::vector<OwnedTensor> &saved = {});
 
 /// Central differences in double of f with respect to every element of `p`.
 Values numericGradient(Values &p, const std::function<double()> &f, double h = 1e-6);
