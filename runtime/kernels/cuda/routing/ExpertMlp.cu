@@ -1068,28 +1068,42 @@ void expertMlpCombineBackward(KernelContext &ctx) {
           floatOut(dRows.get(), s.type), rowWeight.as<float>());
       checkLaunch(ctx, "expert_mlp_combine.backward: dy's copies");
     }
-    // dh' = dy W_down (f32), then the gate's and up's gradients (scaled) and dh' . h by n tile.
-    DeviceBuffer dh(ctx, plan::F32, R * I), dp(ctx, s.type, R * I), dg(ctx, s.type, R * I);
-    projectionBackward(ctx, m, g, s.type, s.down, m.downLora, nullptr, nullptr, ProjectionGrad{}, nullptr,
-                       dRows.get(), nullptr, I, D, nullptr, dh.as<float>(), 0.0f);
+    // dh' = dy W_down (f32), then the gate's and up's gradients (scaled) and dh' . h by n tile:
+    // with the forward's gate and up products saved, from them in the dh' GEMM's epilogue (dh'
+    // never written), or in an element-wise pass where that GEMM does not fit; else the gated
+    // GEMM runs the products again.
+    DeviceBuffer dp(ctx, s.type, R * I), dg(ctx, s.type, R * I);
     const int64_t tiles = (I + kRowDotColumns - 1) / kRowDotColumns;
     DeviceBuffer dots(ctx, plan::F32, tiles * R);
-    if (launch.preActivations) // the forward's gate and up products, saved: an element-wise pass
-      savedGluGrad(ctx, m, g, *checks::routing::savedPreActivations(ctx, *m.x, I, savable(m)), dh.as<float>(),
-                   rowWeight.as<float>(), dg.get(), dp.get(), s.type, dots.as<float>());
-    else
-      groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, s.type, dh.as<float>(), dg.get(), dp.get(), I,
-                     rowWeight.as<float>(), dots.as<float>());
+    const TensorRef *pre = launch.preActivations ? checks::routing::savedPreActivations(ctx, *m.x, I, savable(m))
+                                                 : nullptr;
+    if (!pre || !groupedSavedGluGradGemm(ctx, g, I, D, dRows.get(), D, s.down, I, I * D, false, s.type,
+                                          pre->f32(), dg.get(), dp.get(), I, rowWeight.as<float>(),
+                                          dots.as<float>())) {
+      DeviceBuffer dh(ctx, plan::F32, R * I);
+      projectionBackward(ctx, m, g, s.type, s.down, m.downLora, nullptr, nullptr, ProjectionGrad{}, nullptr,
+                         dRows.get(), nullptr, I, D, nullptr, dh.as<float>(), 0.0f);
+      if (pre)
+        savedGluGrad(ctx, m, g, *pre, dh.as<float>(), rowWeight.as<float>(), dg.get(), dp.get(), s.type,
+                     dots.as<float>());
+      else
+        groupedGluGemm(ctx, g, I, D, s.x, D, s.gate, s.up, D, I * D, s.type, dh.as<float>(), dg.get(), dp.get(), I,
+                       rowWeight.as<float>(), dots.as<float>());
+    }
     if (copies > 0) {
       weightGradKernel<<<gridFor(copies), kThreads, 0, streamOf(ctx)>>>(
           dots.as<float>(), rows.as<int32_t>(), indexIn(indices), tiles, R, copies, floatOut(ctx.outputs.back()));
       checkLaunch(ctx, "expert_mlp_combine.backward: the weights' gradient");
     }
     const TensorRef &dTokens = ctx.out(0);
-    if (!groupedGemmSum(ctx, g, D, I, dp.get(), dg.get(), I, s.up, s.gate, D, I * D, false, s.type, dTokens.data,
-                        D, dTokens.dtype))
-      ctx.fail("internal: the tokens' gradient does not fit the grouped GEMM sum");
-    return zeroUncountedRows(ctx, m, floatOut(dTokens), D, offsets.as<int64_t>());
+    if (groupedGemmSum(ctx, g, D, I, dp.get(), dg.get(), I, s.up, s.gate, D, I * D, false, s.type, dTokens.data, D,
+                       dTokens.dtype))
+      return zeroUncountedRows(ctx, m, floatOut(dTokens), D, offsets.as<int64_t>());
+    // Sizes the one GEMM cannot copy in 16-byte rows (inter not a multiple of 8): both products in f32.
+    DeviceBuffer scratch(ctx, plan::F32, R * D);
+    groupedGemm(ctx, g, D, I, 1.0f, dp.get(), I, s.up, D, I * D, false, s.type, 0.0f, scratch.get(), D, plan::F32);
+    groupedGemm(ctx, g, D, I, 1.0f, dg.get(), I, s.gate, D, I * D, false, s.type, 1.0f, scratch.get(), D, plan::F32);
+    return storeCountedRows(ctx, m, scratch.as<float>(), D, offsets.as<int64_t>(), dTokens.data, dTokens.dtype);
   }
 
   // The definition: the expert outputs again, the combine's backward, the expert MLP's backward.

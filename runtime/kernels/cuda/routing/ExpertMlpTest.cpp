@@ -494,6 +494,8 @@ void expectExpertCombineBackward(ExpertCase c, int64_t tokens, int64_t topK, uin
 
 TEST(CudaExpertMlpCombine, GatedSiluRagged) {
   expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 136, 264, 501), 100, 4, 502);
+  // inter = 100: the tokens' gradient as two products in f32 (not one GEMM of 16-byte rows)
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 64, 100, 503), 100, 4, 504);
 }
 
 TEST(CudaExpertMlpCombine, GatedSilu128Experts) {
@@ -510,11 +512,14 @@ TEST(CudaExpertMlpCombine, SomeExpertsOnOtherRanks) {
 }
 
 // The forward's saved pre-activations: the one-pass form (the gate's and up's gradients and the
-// router weights' row dots element-wise from them), with uncounted rows (a third of the
-// entries on other ranks), and the composed form (a subset of gradients: the expert MLP's own
-// backward reads them in place of its f32 pre-activations).
+// router weights' row dots from them in the down projection's gradient GEMM's epilogue; in an
+// element-wise pass where that GEMM cannot copy W_down in 16-byte rows: inter = 100), with
+// uncounted rows (a third of the entries on other ranks), and the composed form (a subset of
+// gradients: the expert MLP's own backward reads them in place of its f32 pre-activations).
 TEST(CudaExpertMlpCombine, SavedPreActivations) {
   expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 136, 264, 561), 100, 4, 562,
+                              {Tokens}, false, true);
+  expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(8, 0), 64, 100, 565), 100, 4, 566,
                               {Tokens}, false, true);
   expectExpertCombineBackward(raggedCase("silu", true, std::vector<int64_t>(16, 0), 64, 136, 571), 200, 4, 572,
                               {Tokens}, true, true);

@@ -583,6 +583,26 @@ void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
                    dh ? GluGrad : Glu, true, g.rows, abType);
 }
 
+bool groupedSavedGluGradGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k, const void *x,
+                             int64_t ldx, const void *w, int64_t ldw, int64_t wStride, bool transW,
+                             plan::DType abType, const float *pre, void *out, void *out2, int64_t ldo,
+                             const float *rowScale, float *rowDots) {
+  if (abType != plan::BF16 || !wgmmaAvailable() || !chunkable(x, k, ldx) ||
+      !chunkable(w, transW ? k : n, ldw, wStride) || g.experts > 0x7fffffff)
+    return false;
+  if (g.rows <= 0 || g.experts <= 0 || n <= 0)
+    return true;
+  WgmmaExtra extra;
+  extra.pre = const_cast<float *>(pre); // read (SavedGluGrad)
+  extra.c2 = out2;
+  extra.rowScale = rowScale;
+  extra.rowDots = rowDots;
+  extra.rows = g.rows;
+  wgmmaGroupedGemm(ctx, rowParams(g, n, k, 1.0f, x, ldx, w, ldw, wStride, 0.0f, out, ldo), extra, SavedGluGrad,
+                   transW, g.rows, abType);
+  return true;
+}
+
 void groupedGemmReduce(const KernelContext &ctx, const ExpertRows &g, int64_t m, int64_t n,
                        float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                        plan::DType abType, float beta, void *c, int64_t ldc, int64_t cStride,

@@ -103,6 +103,18 @@ void groupedGluGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, in
                     int64_t ldh, const float *rowScale = nullptr, float *rowDots = nullptr,
                     const LoraTile *lora = nullptr, void *h = nullptr, void *pre = nullptr);
 
+/// groupedGluGemm's gradient from saved pre-activations, with dH the product itself: for every
+/// expert e, dH[rows_e, :n] = X[rows_e, :k] · op(W_e) (op as in groupedGemm: the down
+/// projection's input gradient dy W_down), and in the epilogue, from pre [rows, 2n] f32 (G in
+/// columns [0, n), U in [n, 2n)), dG = dH ⊙ U ⊙ silu'(G) into `out` and dU = dH ⊙ silu(G) into
+/// `out2` (bf16, row stride ldo), rowScale and rowDots as groupedGluGemm's; dH itself never
+/// goes through memory. Returns false without launching unless the operands are bf16 and
+/// 16-byte copyable (the wgmma kernel's conditions).
+bool groupedSavedGluGradGemm(const KernelContext &ctx, const ExpertRows &g, int64_t n, int64_t k, const void *x,
+                             int64_t ldx, const void *w, int64_t ldw, int64_t wStride, bool transW,
+                             plan::DType abType, const float *pre, void *out, void *out2, int64_t ldo,
+                             const float *rowScale, float *rowDots);
+
 /// For every expert e: C_e[:m, :n] = alpha * A[rows_e, :m]ᵀ · B[rows_e, :n] + beta * C_e, the
 /// sum over the expert's rows; C_e starts cStride elements after C_{e-1}
 /// (row stride ldc). An expert without rows gets beta * C_e.

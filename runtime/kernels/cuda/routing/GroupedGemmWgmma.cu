@@ -115,22 +115,27 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
     if (mLocal >= mValid)
       continue;
     int64_t row = rowBegin + mLocal;
-    // What the row's stores read (GluGrad: dh; with beta: the old outputs), all loaded before
-    // the first store: stores may alias them, so loads between stores would each wait out the
-    // memory latency.
-    float read[32];
+    // What the row's stores read (GluGrad: dh; SavedGluGrad: G and U; with beta: the old
+    // outputs), all loaded before the first store: stores may alias them, so loads between
+    // stores would each wait out the memory latency.
+    float read[32], read2[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
       bool inside = nLocal < nValid;
-      if constexpr (kMode == GluGrad)
+      if constexpr (kMode == SavedGluGrad) {
+        const float *pre = static_cast<const float *>(x.pre) + row * 2 * p.n + n0 + nLocal;
+        read[i] = inside ? __ldg(pre) : 0.0f;
+        read2[i] = inside ? __ldg(pre + p.n) : 0.0f;
+      } else if constexpr (kMode == GluGrad)
         read[i] = inside ? __ldg(x.dh + row * p.n + n0 + nLocal) : 0.0f;
       else if constexpr (!kTwoB)
         read[i] = inside && beta != 0.0f ? loadC(c + row * p.ldc + n0 + nLocal) : 0.0f;
       else
         read[i] = 0.0f;
     }
-    const float scale = kMode == GluGrad && x.rowScale ? x.rowScale[row] : 1.0f;
+    constexpr bool kGrad = kMode == GluGrad || kMode == SavedGluGrad;
+    const float scale = kGrad && x.rowScale ? x.rowScale[row] : 1.0f;
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -141,6 +146,9 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
       if constexpr (kTwoB) {
         gatedPair<kMode, CT>(p, x, row, n0 + nLocal, nLocal + 1 < nValid, {acc[r], acc[r + 1]},
                              {acc2[r], acc2[r + 1]}, {read[2 * j], read[2 * j + 1]}, scale, dot);
+      } else if constexpr (kMode == SavedGluGrad) { // the accumulators are dh
+        gatedPair<GluGrad, CT>(p, x, row, n0 + nLocal, nLocal + 1 < nValid, {read[2 * j], read[2 * j + 1]},
+                               {read2[2 * j], read2[2 * j + 1]}, {acc[r], acc[r + 1]}, scale, dot);
       } else {
         float v0 = alpha * acc[r], v1 = alpha * acc[r + 1];
         if (beta != 0.0f) {
@@ -150,7 +158,7 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
         storeTwo(c + row * p.ldc + n0 + nLocal, nLocal + 1 < nValid, v0, v1, 0.0f);
       }
     }
-    if (kMode == GluGrad && x.rowDots) { // the row's four lanes (a quad, all active or none)
+    if (kGrad && x.rowDots) { // the row's four lanes (a quad, all active or none)
       unsigned quad = __activemask();
       dot += __shfl_xor_sync(quad, dot, 1);
       dot += __shfl_xor_sync(quad, dot, 2);
@@ -360,7 +368,7 @@ void launchTma(const KernelContext &ctx, const GroupedParams &p, const WgmmaExtr
   maps.b = weightsMap(ctx, p.b, p, !kTransB);
   if (kMode == SumOfTwo)
     maps.a2 = rowsMap(ctx, x.a2, rows, p.k, p.lda);
-  if (kMode != Plain)
+  if (kMode == SumOfTwo || kMode == Glu || kMode == GluGrad)
     maps.b2 = weightsMap(ctx, x.b2, p, !kTransB);
   if (x.loraZ) {
     constexpr bool kTwoB = kMode == Glu || kMode == GluGrad;
@@ -400,6 +408,9 @@ void launchTmaMode(const KernelContext &ctx, const GroupedParams &p, const Wgmma
                    plan::DType yType, int64_t rows, int64_t tiles) {
   if constexpr (kMode == Glu || kMode == GluGrad) // the gate and up weights are [n, k]; bf16 outputs
     launchTma<false, __nv_bfloat16, kMode>(ctx, p, x, rows, tiles);
+  else if constexpr (kMode == SavedGluGrad) // bf16 outputs, W either way
+    transW ? launchTma<false, __nv_bfloat16, kMode>(ctx, p, x, rows, tiles)
+           : launchTma<true, __nv_bfloat16, kMode>(ctx, p, x, rows, tiles);
   else if (yType == plan::F32)
     transW ? launchTma<false, float, kMode>(ctx, p, x, rows, tiles)
            : launchTma<true, float, kMode>(ctx, p, x, rows, tiles);
@@ -430,6 +441,8 @@ void wgmmaGroupedGemm(const KernelContext &ctx, const GroupedParams &p, const Wg
     return launchTmaMode<Glu>(ctx, p, x, transW, yType, rows, tiles);
   case GluGrad:
     return launchTmaMode<GluGrad>(ctx, p, x, transW, yType, rows, tiles);
+  case SavedGluGrad:
+    return launchTmaMode<SavedGluGrad>(ctx, p, x, transW, yType, rows, tiles);
   }
 }
 
