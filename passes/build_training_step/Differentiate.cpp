@@ -204,8 +204,10 @@ ExpertBackward expertPolicy(Operation *model) {
 /// `experts` again with (pre_activations) or without (Type()) its pre-activations result.
 void rebuildExperts(moe::ExpertMLPOp experts, Type preActivations) {
   OpBuilder b(experts);
-  auto copy = b.create<moe::ExpertMLPOp>(experts.getLoc(), TypeRange{experts.getResult().getType(), preActivations},
-                                         experts->getOperands(), experts->getAttrs());
+  SmallVector<Type, 2> types = {experts.getResult().getType()};
+  if (preActivations)
+    types.push_back(preActivations);
+  auto copy = b.create<moe::ExpertMLPOp>(experts.getLoc(), types, experts->getOperands(), experts->getAttrs());
   experts.getResult().replaceAllUsesWith(copy.getResult());
   experts->erase();
 }
