@@ -2,6 +2,7 @@
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{recompute=per-layer}))' | FileCheck %s --check-prefix=RECOMPUTE
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{recompute=regather}))' | FileCheck %s --check-prefix=RECOMPUTE
 // RUN: moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step{expert-backward=separate}))' | FileCheck %s --check-prefix=RECOMPUTE
+// RUN: not moe-opt %s --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-inject-lora{targets=gate_proj expert-lora}))' 2>&1 | FileCheck %s --check-prefix=LORA-AFTER
 
 // Tests that a layer that saves its activations (recompute=none, the default) saves its gated
 // SiLU experts' pre-activations where their backward is fused with the combine's (auto: bf16, a
@@ -21,6 +22,10 @@
 // fused, saves no pre-activations: the backward runs the gate and up products.
 // RECOMPUTE-NOT: tensor<?x24xf32>
 // RECOMPUTE-NOT: "moe.expert_mlp_combine"({{.*}}) outputs(
+
+// Tests that expert LoRA injected after the training step (into a template whose experts save
+// their pre-activations, which LoRA on gate or up would change) is refused with the order to use.
+// LORA-AFTER: error: moe-inject-lora: this expert MLP saves its pre_activations (a training template); inject LoRA before --moe-build-training-step
 
 moe.model @moe {
   moe.param @embed "model.embed_tokens.weight" : tensor<32x16xbf16>

@@ -593,7 +593,7 @@ bool groupedSavedGluGradGemm(const KernelContext &ctx, const ExpertRows &g, int6
   if (g.rows <= 0 || g.experts <= 0 || n <= 0)
     return true;
   WgmmaExtra extra;
-  extra.pre = const_cast<float *>(pre); // read (SavedGluGrad)
+  extra.savedPre = pre;
   extra.c2 = out2;
   extra.rowScale = rowScale;
   extra.rowDots = rowDots;

@@ -124,7 +124,7 @@ __device__ __forceinline__ void storeTile(const GroupedParams &p, const WgmmaExt
       int nLocal = (i >> 1) * 8 + 2 * (lane & 3) + (i & 1);
       bool inside = nLocal < nValid;
       if constexpr (kMode == SavedGluGrad) {
-        const float *pre = static_cast<const float *>(x.pre) + row * 2 * p.n + n0 + nLocal;
+        const float *pre = x.savedPre + row * 2 * p.n + n0 + nLocal;
         read[i] = inside ? __ldg(pre) : 0.0f;
         read2[i] = inside ? __ldg(pre + p.n) : 0.0f;
       } else if constexpr (kMode == GluGrad)

@@ -28,7 +28,7 @@ enum WgmmaMode : int {
   GluGrad = 3,  // with G = X W_eᵀ, U = X W2_eᵀ recomputed and dH [rows, n] f32:
                 // Y = dH ⊙ U ⊙ silu'(G) (the gate's gradient), C2 = dH ⊙ silu(G) (the up's)
   SavedGluGrad = 4, // GluGrad's outputs with dH = X op(W_e) the product (the down projection's
-                    // input gradient) and G, U read from the saved pre-activations (`pre`)
+                    // input gradient) and G, U read from the saved pre-activations (`savedPre`)
 };
 
 /// The operands of the modes beyond Plain.
@@ -48,8 +48,9 @@ struct WgmmaExtra {
   int64_t rows = 0;
   void *h = nullptr; // GluGrad, optional: H = silu(G) U itself too (Y's row stride)
   // Glu, optional: the pre-activations too, [rows, 2n] f32 (G in columns [0, n), U in [n, 2n)), for a
-  // backward that reads them instead of running the products again; SavedGluGrad: read from it.
+  // backward that reads them instead of running the products again.
   void *pre = nullptr;
+  const float *savedPre = nullptr; // SavedGluGrad: those pre-activations, read
   // Optional (Plain with W_e [n, k], Glu, GluGrad): LoRA's products as one more k tile of 64
   // into the same accumulators. A: loraZ [rows, 64] (row stride 64), the rows' scale x Aᵀ: the
   // gate's in columns [0, 32), the up's in [32, 64) (Plain: [0, 32)); columns past a rank hold
