@@ -36,6 +36,7 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
     sharding.mesh = options.mesh;
     sharding.epExchange = options.epExchange;
     sharding.tokenBlocks = options.tokenBlocks;
+    sharding.sequenceParallel = options.sequenceParallel;
     model.addPass(passes::createPropagateShardingPass(sharding));
   }
   model.addPass(passes::createBuildTrainingStepPass(step));

@@ -80,6 +80,10 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
                               llvm::cl::desc("With ep > 1: each MoE block's expert exchange on this many "
                                              "blocks of its tokens (1: whole)"),
                               llvm::cl::init(1)};
+  Option<bool> sequenceParallel{*this, "sequence-parallel",
+                                llvm::cl::desc("With tp > 1: the hidden states between split regions in "
+                                               "rows over tp (reduce-scatter / all-gather)"),
+                                llvm::cl::init(false)};
   Option<bool> overlap{*this, "overlap",
                        llvm::cl::desc("On a mesh: the expert exchange and the gradient sums on a second "
                                       "stream (--moe-schedule-overlap)"),

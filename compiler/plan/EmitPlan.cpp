@@ -82,6 +82,8 @@ plan::Slice windowOf(const ProgramBuffer &buffer, int dim, int64_t coordinate, i
 /// plan.proto's kind for a program step's collective; KIND_UNSPECIFIED for one it has none for.
 plan::Collective::Kind collectiveKind(const std::string &name) {
   return name == "all_reduce"      ? plan::Collective::ALL_REDUCE
+         : name == "all_gather"    ? plan::Collective::ALL_GATHER
+         : name == "reduce_scatter" ? plan::Collective::REDUCE_SCATTER
          : name == "expert_route"  ? plan::Collective::EXPERT_ROUTE
          : name == "expert_send"   ? plan::Collective::EXPERT_SEND
          : name == "expert_return" ? plan::Collective::EXPERT_RETURN
@@ -222,6 +224,7 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
   mesh->set_tp(shape.tp);
   mesh->set_pp(shape.pp);
   mesh->set_ep(shape.ep);
+  mesh->set_sequence_parallel(model->hasAttr("sequence_parallel"));
 
   for (const Program &each : programs)
     for (const ProgramBuffer &buffer : each.buffers)
@@ -246,6 +249,12 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
     plan::Rank *each = out.add_ranks();
     *each = stageRanks[stage];
     each->set_rank(static_cast<int32_t>(r));
+    // A tp rank's rows (moe.tp_slice, the microbatch kernel along an axis): its coordinate.
+    for (plan::Step &step : *each->mutable_steps())
+      if (step.has_launch() && step.launch().kernel() == "microbatch" && step.launch().attrs().contains("axis")) {
+        auto &attrs = *step.mutable_launch()->mutable_attrs();
+        attrs["index"].set_i(shape.coordinate(r, attrs["axis"].s()));
+      }
     for (plan::WeightBinding &binding : *each->mutable_weights()) {
       const ProgramBuffer &buffer = mine.buffers[binding.buffer()];
       if (buffer.tpDim >= 0) {

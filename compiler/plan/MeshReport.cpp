@@ -537,10 +537,12 @@ private:
                     "and a reduce-scatter after in the forward, the reverse in the backward, again in "
                     "a recompute; a reduce-scatter after the vocab-parallel embedding, an all-gather "
                     "(fwd) and reduce-scatter (bwd) around the LM head; the vocab-parallel loss's "
-                    "per-token reductions (12 bytes per token) are left out. This is the layout the "
-                    "estimate models, not yet the one moec emits: its tp plans keep the activations "
-                    "between blocks whole on every tp rank and sum with one all-reduce per block "
-                    "(docs/multi_gpu.md), so for them it undercounts that activation memory");
+                    "per-token reductions (12 bytes per token) are left out. moec emits this layout "
+                    "with --sequence-parallel, except at the ends: every tp rank holds the embedding "
+                    "and the LM head whole (a slice of the embedded rows; the head and loss on a "
+                    "rank's rows), no collective. Without it, tp plans keep the activations between "
+                    "blocks whole on every tp rank and sum with one all-reduce per block "
+                    "(docs/multi_gpu.md), and this undercounts that activation memory");
     lines.push_back("expert parallel: each dispatch and combine (forward, recomputed) and each of "
                     "their backwards is one all-to-all of this GPU's [tokens/tp, width] rows, each "
                     "token's row once to every other GPU that holds one of its top_k experts (uniform "

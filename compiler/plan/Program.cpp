@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "compiler/plan/Flops.h"
+#include "dialects/moe/MeshShape.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "runtime/kernels/checks/core/LmHeadLoss.h"
 
@@ -222,6 +223,13 @@ public:
 
   LogicalResult run() {
     pipelined = pipelineStages(model) > 1;
+    if (auto mesh = model->getAttrOfType<StringAttr>("mesh")) {
+      moe::MeshShape shape;
+      std::string error;
+      if (!moe::MeshShape::parse(mesh.str(), shape, error))
+        return model.emitError("mesh '") << mesh.getValue() << "': " << error;
+      tpRanks = shape.tp;
+    }
     std::string name = pipelined ? "train_step_stage" + std::to_string(program.stage) : "train_step";
     auto step = dyn_cast_or_null<func::FuncOp>(SymbolTable::lookupSymbolIn(model, name));
     if (!step)
@@ -359,6 +367,15 @@ private:
       rows = 0;
       for (Value block : concat.getBlocks())
         rows += rowsOf(block);
+    } else if (isa<moe::TpGatherOp>(op) || (isa<moe::TpEnterOp>(op) && cast<moe::TpEnterOp>(op).getRows())) {
+      rows = rowsOf(op->getOperand(0)) * tpRanks; // every tp rank's rows
+    } else if (isa<moe::TpSliceOp>(op) || (isa<moe::TpExitOp>(op) && cast<moe::TpExitOp>(op).getRows())) {
+      int64_t whole = rowsOf(op->getOperand(0));
+      if (whole % tpRanks)
+        return op->emitOpError("takes a tp rank's rows of ")
+               << whole << " token rows, which do not split over tp = " << tpRanks
+               << " (sequence parallel needs seq_len x micro_batch to divide by tp)";
+      rows = whole / tpRanks;
     } else if (Value from = rowsOperand(op, index)) {
       rows = rowsOf(from);
     }
@@ -374,7 +391,7 @@ private:
     if (auto combine = dyn_cast<moe::CombineOp>(op))
       return combine.getIndices();
     if (isa<moe::EpRouteOp, moe::EpSendOp, moe::EpReturnOp, moe::MicrobatchOp, moe::StageExchangeOp,
-            moe::TokenBlocksOp, moe::ConcatTokensOp>(op))
+            moe::TokenBlocksOp, moe::ConcatTokensOp, moe::TpGatherOp, moe::TpSliceOp>(op))
       return {};
     if (auto backward = dyn_cast<moe::BackwardOp>(op))
       return backward.getInputs()[backward.getGradOfInputs()[index]];
@@ -461,24 +478,38 @@ private:
       if (pipelined && context.layer < 0)
         context.backward = op.hasAttr(moe::kPipelineBackwardAttr);
       // Tensor parallel: entering a split region is the identity (the same buffer); leaving it
-      // sums the ranks' partial results.
-      if (auto enter = dyn_cast<moe::TpEnterOp>(op)) {
+      // sums the ranks' partial results. Sequence parallel: entering gathers the ranks' rows,
+      // leaving keeps this rank's rows of the sum; a gather of rows is an all-gather, a slice
+      // the microbatch kernel at this rank's index (EmitPlan sets it per rank).
+      if (auto enter = dyn_cast<moe::TpEnterOp>(op); enter && !enter.getRows()) {
         values[enter.getResult()] = values.lookup(enter.getInput());
         continue;
       }
-      if (auto exit = dyn_cast<moe::TpExitOp>(op)) {
-        int in = values.lookup(exit.getInput());
+      if (isa<moe::TpEnterOp, moe::TpExitOp, moe::TpGatherOp, moe::TpSliceOp>(op)) {
+        int in = values.lookup(op.getOperand(0));
         FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values);
         if (failed(shape))
           return failure();
-        std::string name = (context.layer >= 0 ? "layer" + std::to_string(context.layer) + "." : "") +
-                           "tp_exit." + std::to_string(program.steps.size());
-        int out = newBuffer(name, context.instance >= 0 ? plan::WORKSPACE : plan::ACTIVATION, exit.getType(), *shape);
+        std::string kernel = op.getName().stripDialect().str();
+        std::string name = (context.layer >= 0 ? "layer" + std::to_string(context.layer) + "." : "") + kernel +
+                           "." + std::to_string(program.steps.size());
+        Value result = op.getResult(0);
+        int out = newBuffer(name, context.instance >= 0 ? plan::WORKSPACE : plan::ACTIVATION, result.getType(), *shape);
         program.buffers[out].instance = context.instance;
-        values[exit.getResult()] = out;
+        values[result] = out;
+        auto axis = op.getAttrOfType<StringAttr>("axis");
+        if (isa<moe::TpSliceOp>(op)) {
+          addStep(&op, "microbatch", {in}, {out}, context);
+          Builder b(op.getContext());
+          program.steps.back().attrs = b.getDictionaryAttr(
+              {b.getNamedAttr("index", b.getI64IntegerAttr(0)), b.getNamedAttr("count", b.getI64IntegerAttr(tpRanks)),
+               b.getNamedAttr("axis", axis)});
+          continue;
+        }
         addStep(&op, "", {in}, {out}, context);
-        program.steps.back().collective = "all_reduce";
-        program.steps.back().axis = exit.getAxis().str();
+        auto exit = dyn_cast<moe::TpExitOp>(op);
+        program.steps.back().collective = !exit ? "all_gather" : exit.getRows() ? "reduce_scatter" : "all_reduce";
+        program.steps.back().axis = axis.str();
         continue;
       }
       if (auto exchange = dyn_cast<moe::StageExchangeOp>(op)) {
@@ -649,6 +680,7 @@ private:
   Program &program;
   moe::ModelOp model;
   bool pipelined = false;
+  int64_t tpRanks = 1; // the model's mesh: sequence parallel moves rows over tp
   std::map<std::string, int> params;
   /// The gradient buffers each layer index accumulates (-1: model level), in first-use
   /// order, by kind: those of replicated parameters, of parameters split over ep, and of

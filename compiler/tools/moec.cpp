@@ -245,6 +245,11 @@ int runCompile(int argc, char **argv) {
       cl::desc("With ep > 1: run each MoE block's expert exchange on N blocks of its tokens, so that "
                "one block's exchange can overlap another's experts (1: the whole batch at once)"),
       cl::init(1));
+  cl::opt<bool> sequenceParallel(
+      "sequence-parallel",
+      cl::desc("With tp > 1 in --mesh: between the split attention and MLP regions each tp rank holds only its "
+               "rows of the hidden states (norms, residual adds and routers on T / tp rows; a region gathers "
+               "its input's rows and leaves through a reduce-scatter instead of an all-reduce)"));
   cl::opt<bool> overlap(
       "overlap",
       cl::desc("On a mesh: issue the expert exchange and the per-layer gradient sums on a second stream, "
@@ -354,6 +359,7 @@ int runCompile(int argc, char **argv) {
   options.epExchange = epExchange;
   options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
   options.overlap = overlap;
+  options.sequenceParallel = sequenceParallel;
   if (overlap && mesh.single())
     errs() << "moec: warning: --overlap has no effect without a --mesh\n";
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)

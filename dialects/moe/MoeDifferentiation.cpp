@@ -67,19 +67,43 @@ LogicalResult AddOp::buildBackward(OpBuilder &builder, ValueRange resultGrads,
 
 LogicalResult TpEnterOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
                                        SmallVectorImpl<Value> &operandGrads) {
-  // Each rank's part of the region contributes to the input's gradient: their sum.
+  // Each rank's part of the region contributes to the input's gradient: their sum (with rows:
+  // each rank keeps its rows of it).
   operandGrads.assign(1, Value());
   if (wanted[0] && resultGrads[0])
-    operandGrads[0] = builder.create<TpExitOp>(getLoc(), resultGrads[0].getType(), resultGrads[0], getAxisAttr());
+    operandGrads[0] =
+        builder.create<TpExitOp>(getLoc(), resultGrads[0].getType(), resultGrads[0], getAxisAttr(), getRowsAttr());
   return success();
 }
 
 LogicalResult TpExitOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
                                       SmallVectorImpl<Value> &operandGrads) {
-  // d(sum of parts) / d(part) is the identity; no kernel, no communication.
+  // d(sum of parts) / d(part) is the identity; no kernel, no communication. With rows, each
+  // rank has its rows' gradient and every part needs all of them: gathered.
   operandGrads.assign(1, Value());
-  if (wanted[0])
-    operandGrads[0] = resultGrads[0];
+  if (!wanted[0] || !resultGrads[0])
+    return success();
+  operandGrads[0] = resultGrads[0];
+  if (getRows())
+    operandGrads[0] = builder.create<TpGatherOp>(getLoc(), resultGrads[0], getAxisAttr());
+  return success();
+}
+
+LogicalResult TpGatherOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                        SmallVectorImpl<Value> &operandGrads) {
+  // Every rank computed the same from the gathered rows: its rows' gradient is its slice.
+  operandGrads.assign(1, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<TpSliceOp>(getLoc(), resultGrads[0], getAxisAttr());
+  return success();
+}
+
+LogicalResult TpSliceOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                       SmallVectorImpl<Value> &operandGrads) {
+  // Every rank computed the whole input; each has its rows' gradient: gathered.
+  operandGrads.assign(1, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<TpGatherOp>(getLoc(), resultGrads[0], getAxisAttr());
   return success();
 }
 

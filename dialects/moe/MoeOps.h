@@ -46,6 +46,10 @@ constexpr llvm::StringLiteral kTpPiecesAttr = "moe.tp_pieces";
 /// model how many streams its plan has.
 constexpr llvm::StringLiteral kStreamAttr = "moe.stream";
 constexpr llvm::StringLiteral kStreamsAttr = "streams";
+
+/// The op computes each token's results from that token's rows alone (MoeOps.td: Moe_Tokenwise).
+template <typename ConcreteType>
+class Tokenwise : public mlir::OpTrait::TraitBase<ConcreteType, Tokenwise> {};
 } // namespace moec::moe
 
 #include "dialects/moe/MoeInterfaces.h.inc"

@@ -32,6 +32,14 @@ class Moe_ComputeOp<string mnemonic, list<Trait> traits = [], list<string> backw
   let hasVerifier = 1;
 }
 
+// Each token's results come from that token's rows alone: run on a subset of the tokens (one
+// rank's rows under sequence parallel), the op gives those tokens' results. moe.dispatch,
+// moe.expert_mlp and moe.combine hold it together: the expert copies and counts are then the
+// subset's.
+def Moe_Tokenwise : NativeOpTrait<"Tokenwise"> {
+  let cppNamespace = "::moec::moe";
+}
+
 def Moe_Tensor : RankedTensorOf<[AnyFloat]>;
 def Moe_IndexTensor : RankedTensorOf<[AnySignlessInteger]>;
 
@@ -191,7 +199,7 @@ def Moe_ApplyLayerOp : Moe_Op<"apply_layer", [DeclareOpInterfaceMethods<SymbolUs
 // Embedding, norms, projections, elementwise
 //===----------------------------------------------------------------------===//
 
-def Moe_EmbeddingOp : Moe_ComputeOp<"embedding"> {
+def Moe_EmbeddingOp : Moe_ComputeOp<"embedding", [Moe_Tokenwise]> {
   let summary = "Looks token ids up in an embedding table.";
   let description = [{
     `ids: [T]`, `table: [V, D]` -> `[T, D]`.
@@ -205,7 +213,7 @@ def Moe_EmbeddingOp : Moe_ComputeOp<"embedding"> {
   let assemblyFormat = "$ids `,` $table attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_RMSNormOp : Moe_ComputeOp<"rms_norm"> {
+def Moe_RMSNormOp : Moe_ComputeOp<"rms_norm", [Moe_Tokenwise]> {
   let summary = "RMSNorm over groups of the last dimension, optionally with (1 + w).";
   let description = [{
     `y = x / sqrt(mean(x^2) + eps) * w`, or `* (1 + w)` with `unit_offset`
@@ -222,14 +230,14 @@ def Moe_RMSNormOp : Moe_ComputeOp<"rms_norm"> {
   let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_LayerNormOp : Moe_ComputeOp<"layer_norm"> {
+def Moe_LayerNormOp : Moe_ComputeOp<"layer_norm", [Moe_Tokenwise]> {
   let summary = "LayerNorm (mean and variance) with weight and bias over the last dimension.";
   let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Moe_Tensor:$bias, F64Attr:$eps);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$input `,` $weight `,` $bias attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_LinearOp : Moe_ComputeOp<"linear"> {
+def Moe_LinearOp : Moe_ComputeOp<"linear", [Moe_Tokenwise]> {
   let summary = "y = x W^T (+ b), W in the checkpoint's [out, in] layout.";
   let description = [{
     Every projection of the model is one of these (attention projections,
@@ -248,7 +256,7 @@ def Moe_LinearOp : Moe_ComputeOp<"linear"> {
   }];
 }
 
-def Moe_AddOp : Moe_ComputeOp<"add", [AllTypesMatch<["lhs", "result"]>], ["buildBackward"]> {
+def Moe_AddOp : Moe_ComputeOp<"add", [Moe_Tokenwise, AllTypesMatch<["lhs", "result"]>], ["buildBackward"]> {
   let summary = "Elementwise sum (residual connections, LoRA updates).";
   let description = [{
     The result has the type of `lhs`; `rhs` has its shape and its element type,
@@ -261,7 +269,7 @@ def Moe_AddOp : Moe_ComputeOp<"add", [AllTypesMatch<["lhs", "result"]>], ["build
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` custom<AddTypes>(type($lhs), type($rhs))";
 }
 
-def Moe_ActivationOp : Moe_ComputeOp<"activation", [SameOperandsAndResultType]> {
+def Moe_ActivationOp : Moe_ComputeOp<"activation", [Moe_Tokenwise, SameOperandsAndResultType]> {
   let summary = "Elementwise activation (relu² MLPs).";
   let arguments = (ins Moe_Tensor:$input, Moe_ActivationAttr:$kind);
   let results = (outs Moe_Tensor:$result);
@@ -270,14 +278,14 @@ def Moe_ActivationOp : Moe_ComputeOp<"activation", [SameOperandsAndResultType]> 
   let hasVerifier = 0;
 }
 
-def Moe_GluOp : Moe_ComputeOp<"glu", [SameOperandsAndResultType]> {
+def Moe_GluOp : Moe_ComputeOp<"glu", [Moe_Tokenwise, SameOperandsAndResultType]> {
   let summary = "Gated linear unit: act(gate) * up (SwiGLU MLPs).";
   let arguments = (ins Moe_Tensor:$gate, Moe_Tensor:$up, Moe_ActivationAttr:$kind);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$kind $gate `,` $up attr-dict `:` type($result)";
 }
 
-def Moe_SigmoidGateOp : Moe_ComputeOp<"sigmoid_gate"> {
+def Moe_SigmoidGateOp : Moe_ComputeOp<"sigmoid_gate", [Moe_Tokenwise]> {
   let summary = "x * sigmoid(g): attention output gates and shared-expert gates.";
   let description = [{
     `g` has the shape of `x` (Qwen3-Next's per-feature attention output
@@ -289,7 +297,7 @@ def Moe_SigmoidGateOp : Moe_ComputeOp<"sigmoid_gate"> {
   let assemblyFormat = "$input `,` $gate attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_SplitOp : Moe_ComputeOp<"split"> {
+def Moe_SplitOp : Moe_ComputeOp<"split", [Moe_Tokenwise]> {
   let summary = "Splits the feature dimension into parts, optionally within equal groups.";
   let description = [{
     The feature dimension is viewed as `[groups, sum(sizes)]`; result `i`
@@ -311,7 +319,7 @@ def Moe_SplitOp : Moe_ComputeOp<"split"> {
 // Positions and attention
 //===----------------------------------------------------------------------===//
 
-def Moe_RopeOp : Moe_ComputeOp<"rope"> {
+def Moe_RopeOp : Moe_ComputeOp<"rope", [Moe_Tokenwise]> {
   let summary = "Rotary position embedding of every head (full, partial, interleaved, YaRN).";
   let description = [{
     `x: [T, H*head_dim]`; the first `rope.dim` features of each head rotate
@@ -506,7 +514,7 @@ def Moe_Mamba2Op : Moe_ComputeOp<"mamba2"> {
 // Routing and experts
 //===----------------------------------------------------------------------===//
 
-def Moe_RouterOp : Moe_ComputeOp<"router", [AttrSizedOperandSegments], ["backwardUsesResults"]> {
+def Moe_RouterOp : Moe_ComputeOp<"router", [Moe_Tokenwise, AttrSizedOperandSegments], ["backwardUsesResults"]> {
   let summary = "Scores experts and picks the top-k per token.";
   let description = [{
     `weight: [E, D]`. `softmax`: softmax over all experts, top-k.
@@ -542,7 +550,7 @@ def Moe_RouterOp : Moe_ComputeOp<"router", [AttrSizedOperandSegments], ["backwar
   }];
 }
 
-def Moe_DispatchOp : Moe_ComputeOp<"dispatch"> {
+def Moe_DispatchOp : Moe_ComputeOp<"dispatch", [Moe_Tokenwise]> {
   let summary = "Permutes token copies into expert-major order.";
   let description = [{
     Each token goes to its k experts: `input: [T, D]`, `indices: [T, k]`
@@ -556,7 +564,7 @@ def Moe_DispatchOp : Moe_ComputeOp<"dispatch"> {
   let assemblyFormat = "$input `,` $indices attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
+def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [Moe_Tokenwise, AttrSizedOperandSegments]> {
   let summary = "Every expert's MLP over its rows of the dispatched tokens (grouped GEMM).";
   let description = [{
     Rows `[offset_e, offset_e + counts[e])` of `tokens` go through expert
@@ -610,7 +618,7 @@ def Moe_ExpertMLPOp : Moe_ComputeOp<"expert_mlp", [AttrSizedOperandSegments]> {
   }];
 }
 
-def Moe_CombineOp : Moe_ComputeOp<"combine"> {
+def Moe_CombineOp : Moe_ComputeOp<"combine", [Moe_Tokenwise]> {
   let summary = "Un-permutes expert outputs and sums each token's k copies by router weight.";
   let description = [{
     The inverse of `moe.dispatch` with the same `indices`: `result[t] = Σ_j
@@ -630,7 +638,7 @@ def Moe_CombineOp : Moe_ComputeOp<"combine"> {
 // Adapters
 //===----------------------------------------------------------------------===//
 
-def Moe_LoRAOp : Moe_ComputeOp<"lora"> {
+def Moe_LoRAOp : Moe_ComputeOp<"lora", [Moe_Tokenwise]> {
   let summary = "A LoRA adapter's update: scale * (x A^T) B^T.";
   let description = [{
     `lora_a: [r, in]`, `lora_b: [out, r]` in PEFT's layout, of the input's
@@ -649,7 +657,7 @@ def Moe_LoRAOp : Moe_ComputeOp<"lora"> {
   let assemblyFormat = "$input `,` $lora_a `,` $lora_b attr-dict `:` functional-type(operands, results)";
 }
 
-def Moe_LoRALinearOp : Moe_ComputeOp<"lora_linear"> {
+def Moe_LoRALinearOp : Moe_ComputeOp<"lora_linear", [Moe_Tokenwise]> {
   let summary = "A projection with its LoRA adapter in one: x W^T + scale * (x A^T) B^T (--moe-fuse-lora).";
   let description = [{
     What a `moe.linear` (no bias), the `moe.lora` of the same input and the
@@ -693,6 +701,25 @@ def Moe_CrossEntropyOp : Moe_ComputeOp<"cross_entropy"> {
                    DefaultValuedAttr<I64Attr, "-100">:$ignore_index, UnitAttr:$shift_labels);
   let results = (outs 0DTensorOf<[F32]>:$loss);
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_ShiftLabelsOp : Moe_ComputeOp<"shift_labels"> {
+  let summary = "Each position's next label, per sequence (the causal-LM shift, done once).";
+  let description = [{
+    `labels: [T]`, T a whole number of sequences of the step's `seq_len`:
+    position t takes `labels[t + 1]`, and the last position of each
+    sequence takes `ignore_index`. `moe.cross_entropy` with `shift_labels`
+    on `labels` scores what it scores without, on the result. Sequence
+    parallel shifts before each rank takes its rows: a rank's last position
+    is scored against the next rank's first label.
+
+    ```mlir
+    %next = moe.shift_labels %labels {ignore_index = -100 : i64} : tensor<?xi64> -> tensor<?xi64>
+    ```
+  }];
+  let arguments = (ins Moe_IndexTensor:$labels, DefaultValuedAttr<I64Attr, "-100">:$ignore_index);
+  let results = (outs Moe_IndexTensor:$result);
+  let assemblyFormat = "$labels attr-dict `:` type($labels) `->` type($result)";
 }
 
 def Moe_LMHeadCrossEntropyOp : Moe_ComputeOp<"lm_head_cross_entropy", [], ["backwardUsesResults"]> {
@@ -1067,13 +1094,21 @@ def Moe_TpEnterOp : Moe_Op<"tp_enter", [Pure, SameOperandsAndResultType,
     (`moe.tp_exit` on the gradient), since each rank's heads contribute to
     the input's gradient.
 
+    With `rows` (sequence parallel) each rank holds its rows of the input
+    (rank r: rows [r T / n, (r + 1) T / n) of T over n ranks) and the region
+    reads all of them: the forward gathers the rows over `axis`
+    (all-gather), and the backward sums the parts' gradients and gives each
+    rank its rows (reduce-scatter: `moe.tp_exit` with `rows`).
+
     ```mlir
     %x1 = moe.tp_enter %x {axis = "tp"} : tensor<?x64xf32>
+    %x2 = moe.tp_enter %shard {axis = "tp", rows} : tensor<?x64xf32>
     ```
   }];
-  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis);
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis, UnitAttr:$rows);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
 }
 
 def Moe_TpExitOp : Moe_Op<"tp_exit", [Pure,
@@ -1087,14 +1122,59 @@ def Moe_TpExitOp : Moe_Op<"tp_exit", [Pure,
     backward is the identity: every rank's part depends on the sum the same
     way.
 
+    With `rows` (sequence parallel) each rank keeps only its rows of the sum
+    (reduce-scatter), and the backward gathers the rows' gradients over
+    `axis` (all-gather: `moe.tp_gather`).
+
     ```mlir
     %y = moe.tp_exit %partial {axis = "tp"} : tensor<?x64xf32> -> tensor<?x64xf32>
     %e = moe.tp_exit %experts {axis = "tp"} : tensor<?x64xf32> -> tensor<?x64xbf16>
+    %s = moe.tp_exit %partial {axis = "tp", rows} : tensor<?x64xf32> -> tensor<?x64xf32>
     ```
   }];
-  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis);
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis, UnitAttr:$rows);
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Moe_TpGatherOp : Moe_Op<"tp_gather", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Gathers every rank's rows over a mesh axis (all-gather; sequence parallel).";
+  let description = [{
+    Each rank of `axis` holds its rows of a value (rank r: rows
+    [r T / n, (r + 1) T / n) of T over n ranks); the result, the same on
+    every rank, has all T rows in rank order. What reads it computes the
+    same on every rank (a token mixer kept whole, the logits `@forward`
+    returns), so the gradient of each rank's rows is its rows of the
+    result's gradient: the backward is `moe.tp_slice`, no communication.
+
+    ```mlir
+    %all = moe.tp_gather %shard {axis = "tp"} : tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, StrAttr:$axis);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Moe_TpSliceOp : Moe_Op<"tp_slice", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "This rank's rows of a value every rank of a mesh axis holds (sequence parallel).";
+  let description = [{
+    Every rank of `axis` holds the same `input` of T rows; rank r keeps
+    rows [r T / n, (r + 1) T / n) (no communication). The backward gathers
+    the rows' gradients (`moe.tp_gather`): every rank computed the whole
+    input, and needs all of its gradient.
+
+    ```mlir
+    %mine = moe.tp_slice %embedded {axis = "tp"} : tensor<?x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, StrAttr:$axis);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 

@@ -647,13 +647,34 @@ static LogicalResult verifyEpRows(Op op, bool mayNarrow) {
 LogicalResult EpSendOp::verify() { return verifyEpRows(*this, /*mayNarrow=*/false); }
 LogicalResult EpReturnOp::verify() { return verifyEpRows(*this, /*mayNarrow=*/true); }
 
+/// Sequence parallel moves rows: the leading (token) dimension must be dynamic.
+static LogicalResult verifyTokenRows(Operation *op, Value input) {
+  auto type = cast<RankedTensorType>(input.getType());
+  if (type.getRank() < 1 || !type.isDynamicDim(0))
+    return op->emitOpError("moves token rows: needs a dynamic leading dimension, got ") << type;
+  return success();
+}
+
 LogicalResult TpExitOp::verify() {
   auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (getRows() && failed(verifyTokenRows(*this, getInput())))
+    return failure();
   if (in.getShape() != out.getShape())
     return emitOpError("result shape ") << out << " differs from the input's " << in;
   if (in.getElementType() != out.getElementType() && !in.getElementType().isF32())
     return emitOpError("result element type ") << out.getElementType() << " differs from the input's "
                                               << in.getElementType() << " (only an f32 sum may be rounded)";
+  return success();
+}
+
+LogicalResult TpEnterOp::verify() { return success(!getRows() || succeeded(verifyTokenRows(*this, getInput()))); }
+LogicalResult TpGatherOp::verify() { return verifyTokenRows(*this, getInput()); }
+LogicalResult TpSliceOp::verify() { return verifyTokenRows(*this, getInput()); }
+
+LogicalResult ShiftLabelsOp::verify() {
+  auto in = tensorType(getLabels()), out = tensorType(getResult());
+  if (in.getRank() != 1 || in != out)
+    return emitOpError("takes [T] labels to [T] labels of the same type, got ") << in << " -> " << out;
   return success();
 }
 

@@ -76,11 +76,17 @@ private:
     b.setInsertionPointToStart(entry);
     SmallVector<Operation *> ops;
     Value logits;
+    // Sequence parallel: @forward gathers each tp rank's rows of the logits to return them; the
+    // loss takes this rank's rows instead, against its rows of the labels, shifted first (a
+    // rank's last position is scored against the next rank's first label).
+    auto gatheredLogits = forward.getBody().front().getTerminator()->getOperand(0).getDefiningOp<moe::TpGatherOp>();
     for (Operation &op : forward.getBody().front()) {
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-        logits = mapping.lookup(ret.getOperand(0));
+        logits = mapping.lookup(gatheredLogits ? gatheredLogits.getInput() : ret.getOperand(0));
         break;
       }
+      if (&op == gatheredLogits.getOperation())
+        continue;
       auto apply = dyn_cast<moe::ApplyLayerOp>(op);
       if (!apply) {
         ops.push_back(b.clone(op, mapping));
@@ -100,8 +106,14 @@ private:
       mapping.map(apply.getResult(0), call.getResult(0));
       ops.push_back(call);
     }
-    auto loss = b.create<moe::CrossEntropyOp>(loc, lossType, logits, entry->getArgument(2),
-                                              b.getI64IntegerAttr(-100), b.getUnitAttr());
+    Value labels = entry->getArgument(2);
+    UnitAttr shift = b.getUnitAttr();
+    if (gatheredLogits) {
+      labels = b.create<moe::ShiftLabelsOp>(loc, labelsType, labels, b.getI64IntegerAttr(-100));
+      labels = b.create<moe::TpSliceOp>(loc, labels, gatheredLogits.getAxisAttr());
+      shift = nullptr;
+    }
+    auto loss = b.create<moe::CrossEntropyOp>(loc, lossType, logits, labels, b.getI64IntegerAttr(-100), shift);
     ops.push_back(loss);
 
     // Backward, seeded with d loss / d loss = 1.

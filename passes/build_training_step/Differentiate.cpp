@@ -154,6 +154,13 @@ bool isRouting(Operation *op) { return isa<moe::RouterOp, moe::DSAIndexerOp>(op)
 /// norm's backward reads). Each re-run is a cheap pass over one activation.
 bool rerunUnderRegather(Operation *op) { return isa<moe::DispatchOp, moe::RMSNormOp, moe::RopeOp>(op); }
 
+/// Sequence parallel's gathers of a tp rank's rows: under any policy the backward gathers them
+/// again (an all-gather) from the saved rows rather than keep every row of every layer.
+bool regatheredRows(Operation *op) {
+  auto enter = dyn_cast<moe::TpEnterOp>(op);
+  return (enter && enter.getRows()) || isa<moe::TpGatherOp>(op);
+}
+
 /// Whether a forward op's results are read by an op of the backward.
 bool readByBackward(Operation *op, const llvm::SmallPtrSetImpl<Operation *> &isForward) {
   return llvm::any_of(op->getUsers(), [&](Operation *user) { return !isForward.contains(user); });
@@ -345,12 +352,11 @@ FailureOr<LayerTraining> getOrBuildLayerTraining(moe::LayerOp layer, Recompute p
   // Regather: the dispatches, norms and RoPE whose results the backward reads (itself or
   // through another of them) stay in it (recomputed); what they read is saved in their place.
   llvm::SmallPtrSet<Operation *, 8> regathered;
-  if (policy == Recompute::Regather)
-    for (Operation *op : llvm::reverse(forwardOps))
-      if (rerunUnderRegather(op) &&
-          (readByBackward(op, isForward) ||
-           llvm::any_of(op->getUsers(), [&](Operation *user) { return regathered.contains(user); })))
-        regathered.insert(op);
+  for (Operation *op : llvm::reverse(forwardOps))
+    if (((policy == Recompute::Regather && rerunUnderRegather(op)) || regatheredRows(op)) &&
+        (readByBackward(op, isForward) ||
+         llvm::any_of(op->getUsers(), [&](Operation *user) { return regathered.contains(user); })))
+      regathered.insert(op);
   SmallVector<Value> saved;
   for (Operation *op : forwardOps) {
     if (isa<moe::WeightOp>(op))

@@ -4,6 +4,7 @@
 
 #include "compiler/analysis/ModelSummary.h"
 #include "dialects/moe/MeshShape.h"
+#include "passes/propagate_sharding/SequenceParallel.h"
 #include "passes/propagate_sharding/TensorParallel.h"
 #include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringSet.h"
@@ -59,7 +60,15 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     }
     if (shape.ep > 1 && failed(splitExperts(model, shape.ep)))
       return signalPassFailure();
+    if (sequenceParallel && (shape.tp < 2 || shape.pp > 1)) {
+      model.emitError("--moe-propagate-sharding: sequence-parallel needs tp > 1 and, for now, no pp (the pipeline "
+                      "exchanges whole micro-batches); mesh ")
+          << shape.str();
+      return signalPassFailure();
+    }
     if (shape.tp > 1 && failed(splitHeads(model, shape.tp)))
+      return signalPassFailure();
+    if (sequenceParallel && failed(applySequenceParallel(model)))
       return signalPassFailure();
   }
 

@@ -81,12 +81,32 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     one `moe.tp_exit` of their sum (a shared expert's next to the routed
     experts'). Kimi Delta Attention (`moe.kda`) splits its heads the same
     way, with its per-channel convolutions, `dt_bias` and `A_log`; the first
-    projection of its low-rank decay and gate stays whole. Everything else
-    (Gated DeltaNet and Mamba-2, whose fused projections interleave the
-    heads' channels; the DSA indexer) stays whole: every tp rank computes
-    it; an attention or MLP
+    projection of its low-rank decay and gate stays whole. Gated DeltaNet
+    splits its key heads with their value heads (its fused projections hold
+    one group per key head; the convolution over q, k and v splits in three
+    pieces, `moe.tp_pieces`), Mamba-2 its heads with their groups (`in_proj`
+    in five pieces; not with an adapter on `in_proj`). Everything else (the
+    DSA indexer) stays whole: every tp rank computes it; an attention or MLP
     that cannot split is named in a warning, and a model with nothing to
     split fails.
+
+    Sequence parallel (`sequence-parallel`, with tp > 1; not yet with pp):
+    between the split regions each tp rank holds only its rows of the hidden
+    states (rank r of n: rows [r T / n, (r + 1) T / n)), so the norms,
+    residual adds, routers and everything else an op computes token by token
+    (the ops with the `Moe_Tokenwise` trait) run on T / n rows. A region's
+    `moe.tp_enter` gets `rows` (an all-gather; its backward a
+    reduce-scatter) and its `moe.tp_exit` `rows` (a reduce-scatter instead
+    of the all-reduce; its backward an all-gather): the same bytes, a
+    quarter of the norm work on two ranks, and activations between regions
+    at 1 / n. An op that mixes tokens outside a region (a mixer kept whole,
+    the DSA indexer) reads its inputs gathered (`moe.tp_gather`) and every
+    rank computes it; where its result meets a rank's rows it is sliced
+    (`moe.tp_slice`). The router's indices are gathered for a split
+    region's dispatch, the embedding's output is sliced and `@forward`'s
+    logits gathered; `--moe-build-training-step` then scores each rank's
+    rows against its rows of the labels, shifted first (`moe.shift_labels`).
+    Trainable parameters read on a rank's rows get `moe.tp_partial_grad`.
 
     Token blocks (`token-blocks = N`, with ep): each MoE block's tokens,
     expert indices and router weights are split into N consecutive blocks
@@ -122,6 +142,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     ```
   }];
   let options = [
+    Option<"sequenceParallel", "sequence-parallel", "bool", "false",
+           "With tp > 1: between the split regions each tp rank holds only its rows of the hidden "
+           "states (reduce-scatter / all-gather instead of all-reduce)">,
     Option<"mesh", "mesh", "std::string", "\"\"",
            "Mesh axes and sizes, e.g. dp=2,ep=2 (empty: one rank)">,
     Option<"epExchange", "ep-exchange", "std::string", "\"auto\"",

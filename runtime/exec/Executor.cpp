@@ -550,9 +550,12 @@ absl::Status Executor::collective(const plan::Collective &collective) {
                                                  comm.name(), "): ", s.message()));
     return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
   }
+  if (collective.kind() == plan::Collective::ALL_GATHER || collective.kind() == plan::Collective::REDUCE_SCATTER)
+    return gatherOrScatter(collective, comm);
   if (collective.kind() != plan::Collective::ALL_REDUCE)
     return absl::UnimplementedError(absl::StrCat("collective ", plan::Collective::Kind_Name(collective.kind()),
-                                                 " is not run yet (ALL_REDUCE, the expert exchange and SEND_RECV are)"));
+                                                 " is not run (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, the expert "
+                                                 "exchange and SEND_RECV are)"));
   // In-place sums of buffers that lie next to each other in memory (a layer's gradients, laid
   // out in order) are one call: a collective call costs more than its bytes at these sizes.
   std::vector<int> order(static_cast<size_t>(collective.inputs_size()));
@@ -587,6 +590,30 @@ absl::Status Executor::collective(const plan::Collective &collective) {
                                                  merged ? absl::StrCat("' and ", merged, " more buffers") : "'",
                                                  " over ", rankProto->groups(collective.group()).axis(), " (",
                                                  comm.name(), "): ", s.message()));
+  }
+  return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
+}
+
+absl::Status Executor::gatherOrScatter(const plan::Collective &collective, comm::Communicator &comm) {
+  // Sequence parallel: the ranks' rows gathered, or their sum's rows scattered (an f32 sum
+  // rounded once into a narrower output, as the all-reduce rounds it).
+  bool gather = collective.kind() == plan::Collective::ALL_GATHER;
+  for (int i = 0; i < collective.inputs_size(); ++i) {
+    TensorRef in = buffer(collective.inputs(i)), out = buffer(collective.outputs(i));
+    bool rounds = in.dtype != out.dtype;
+    size_t count = static_cast<size_t>(gather ? in.numel() : out.numel());
+    if (rounds)
+      if (absl::Status s = reserveStaging(count * comm::elementBytes(in.dtype)); !s.ok())
+        return s;
+    absl::Status s = gather ? comm.allGather(in.data, out.data, count, in.dtype)
+                            : comm.reduceScatter(in.data, rounds ? staging : out.data, count, in.dtype);
+    if (s.ok() && rounds)
+      s = dev->convert(out.data, out.dtype, staging, in.dtype, count);
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat(gather ? "all-gather" : "reduce-scatter", " of '",
+                                                 rankProto->buffers(collective.inputs(i)).name(), "' over ",
+                                                 rankProto->groups(collective.group()).axis(), " (", comm.name(),
+                                                 "): ", s.message()));
   }
   return roundEmulated({collective.outputs().begin(), collective.outputs().end()});
 }

@@ -140,6 +140,8 @@ private:
   absl::Status roundEmulated(const std::vector<uint32_t> &ids);
   /// Runs a Collective step on its group's communicator.
   absl::Status collective(const plan::Collective &collective);
+  /// ALL_GATHER / REDUCE_SCATTER of token rows (sequence parallel).
+  absl::Status gatherOrScatter(const plan::Collective &collective, comm::Communicator &comm);
   /// EXPERT_ROUTE / EXPERT_SEND / EXPERT_RETURN (plan.proto): the route on the host from the
   /// experts' indices, then one message per pair of ranks, gathered (or summed) by one kernel.
   absl::Status expertExchange(const plan::Collective &collective, comm::Communicator &comm);

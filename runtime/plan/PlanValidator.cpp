@@ -994,12 +994,15 @@ private:
       if (!in || !out)
         continue;
       // An all-reduce may round an f32 sum once into a narrower output (a tp sum of f32 partials).
-      bool rounds = collective.kind() == Collective::ALL_REDUCE && in->dtype() == F32 &&
+      bool rounds = (collective.kind() == Collective::ALL_REDUCE || collective.kind() == Collective::REDUCE_SCATTER) &&
+                    in->dtype() == F32 &&
                     (out->dtype() == BF16 || out->dtype() == F16);
       if (in->dtype() != out->dtype() && !rounds) {
         problems.add(at, "collective.outputs[", i, "] is ", dtypeName(out->dtype()), ", expected the dtype of inputs[",
                      i, "] (", dtypeName(in->dtype()), ")",
-                     collective.kind() == Collective::ALL_REDUCE ? " or, for an f32 input, a narrower float" : "");
+                     collective.kind() == Collective::ALL_REDUCE || collective.kind() == Collective::REDUCE_SCATTER
+                         ? " or, for an f32 input, a narrower float"
+                         : "");
         continue;
       }
       int64_t expected = in->size_bytes() / dtypeSize(static_cast<DType>(in->dtype())) *
@@ -1010,7 +1013,7 @@ private:
           expected = -1;
         rule = "inputs[i] x group size";
       } else if (collective.kind() == Collective::REDUCE_SCATTER) {
-        expected = in->size_bytes() % groupSize == 0 ? in->size_bytes() / groupSize : -1;
+        expected = expected % groupSize == 0 ? expected / groupSize : -1;
         rule = "inputs[i] / group size";
       }
       if (out->size_bytes() != expected)

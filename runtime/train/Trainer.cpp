@@ -44,7 +44,11 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   for (const plan::LoraTensor &t : plan.lora().tensors())
     gathering |= t.split_axis() == "ep"; // expert adapters split over ep
   countsLoads = tpOf(rankIndex) == 0;
-  countsTokens = stage == pp - 1 && countsLoads;
+  // Sequence parallel: each tp rank scores the loss on its rows, so each counts its tokens.
+  sequenceParallel = plan.mesh().sequence_parallel() && tp > 1;
+  tpIndex = tpOf(rankIndex);
+  tpSize = tp;
+  countsTokens = stage == pp - 1 && (countsLoads || sequenceParallel);
   microBatches = std::max<int64_t>(1, plan.micro_batches());
   for (const plan::LoraTensor &t : plan.lora().tensors()) {
     const plan::Buffer &param = plan.ranks(t.rank()).buffers(static_cast<int>(t.param()));
@@ -116,6 +120,7 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   }
   size_t counts = countsTotal;
   // The loss step's label rule, for each rank's count of scored tokens.
+  bool shiftedBefore = false; // a shift_labels step shifts them for the loss (sequence parallel)
   for (const plan::Step &step : rank.steps())
     if (step.has_launch() && step.phase() == plan::FORWARD &&
         (step.launch().kernel() == "cross_entropy" || step.launch().kernel() == "lm_head_cross_entropy")) {
@@ -123,7 +128,10 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
       shiftLabels = attrs.count("shift_labels") && attrs.at("shift_labels").b();
       if (attrs.count("ignore_index"))
         ignoreIndex = attrs.at("ignore_index").i();
+    } else if (step.has_launch() && step.launch().kernel() == "shift_labels") {
+      shiftedBefore = true;
     }
+  shiftLabels |= shiftedBefore;
   if (absl::StatusOr<void *> memory = executor.device().allocate(8); memory.ok())
     worldScratch = *memory;
   if (absl::StatusOr<void *> memory = executor.device().allocate(std::max<size_t>(tensors.size(), 1) * 4);
@@ -180,7 +188,12 @@ void Trainer::placePart(const Tensor &t, const std::vector<float> &part, std::ve
 
 int64_t Trainer::scoredTokens(const std::vector<int64_t> &labels) const {
   int64_t seq = executor.planProto().seq_len(), n = 0;
-  for (size_t t = 0; t < labels.size(); ++t) {
+  size_t first = 0, end = labels.size();
+  if (sequenceParallel) { // this tp rank's rows
+    first = labels.size() * static_cast<size_t>(tpIndex) / static_cast<size_t>(tpSize);
+    end = labels.size() * static_cast<size_t>(tpIndex + 1) / static_cast<size_t>(tpSize);
+  }
+  for (size_t t = first; t < end; ++t) {
     if (shiftLabels && (static_cast<int64_t>(t) + 1) % seq == 0)
       continue;
     n += labels[shiftLabels ? t + 1 : t] != ignoreIndex;

@@ -114,8 +114,8 @@ private:
   /// stage's first rank contributes its own, the others zeros).
   absl::StatusOr<std::map<std::string, std::vector<float>>> collect(uint32_t Tensor::*buffer);
 
-  /// Positions of `labels` the loss scores (the loss kernels' rule: shifted within each
-  /// sequence, ignore_index left out).
+  /// Positions of `labels` (one micro-batch's) the loss scores (the loss kernels' rule: shifted
+  /// within each sequence, ignore_index left out; sequence parallel: this tp rank's rows).
   int64_t scoredTokens(const std::vector<int64_t> &labels) const;
 
   Executor &executor;
@@ -130,6 +130,9 @@ private:
   /// gathering: ranks hold different tensors (pp) or parts (tp); countsTokens: this rank's
   /// loss and token counts are its data shard's (a pipeline's last stage, tp coordinate 0).
   bool gathering = false, countsTokens = true, countsLoads = true;
+  /// Sequence parallel: tp rank tpIndex of tpSize scores the loss on its rows of the labels.
+  bool sequenceParallel = false;
+  int tpIndex = 0, tpSize = 1;
   int64_t microBatches = 1;
   size_t countsTotal = 0;
   std::map<int, std::pair<size_t, size_t>> loadSlots; // layer -> (offset, experts) in countsCopy

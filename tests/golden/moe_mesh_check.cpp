@@ -21,8 +21,8 @@
 // both plans with moec's flag of that name. --recompute compiles
 // the mesh plan with that policy (moec --recompute; the single rank saves
 // everything), so what the backward keeps is checked under the mesh too.
-// --expert-placement, --token-blocks and --overlap compile the mesh plan with moec's flags of those names
-// (which experts each ep rank holds).
+// --expert-placement, --token-blocks, --overlap and --sequence-parallel compile the mesh plan with
+// moec's flags of those names (which experts each ep rank holds, ...).
 //
 //===----------------------------------------------------------------------===//
 
@@ -162,10 +162,10 @@ int main(int argc, char **argv) {
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
-  bool fusedExperts = false, overlap = false;
+  bool fusedExperts = false, overlap = false, sequenceParallel = false;
   std::string error;
   if (!args.integer("cpu-threads", 1, threads, error) || !args.flag("fused-expert-backward", fusedExperts, error) ||
-      !args.flag("overlap", overlap, error))
+      !args.flag("overlap", overlap, error) || !args.flag("sequence-parallel", sequenceParallel, error))
     return fail(error);
   double tolerance = dtype == "bfloat16" ? 2e-2 : 1e-4;
   if (std::string given = args.get("tolerance"); !given.empty()) {
@@ -176,13 +176,16 @@ int main(int argc, char **argv) {
   }
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
-  if ((!recompute.empty() || fusedExperts || !placement.empty() || !tokenBlocks.empty() || overlap) && !singlePath.empty())
-    return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks and --overlap are for the plans moe-mesh-check "
-                "compiles, not with --plan");
+  if ((!recompute.empty() || fusedExperts || !placement.empty() || !tokenBlocks.empty() || overlap ||
+       sequenceParallel) &&
+      !singlePath.empty())
+    return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks, --overlap and "
+                "--sequence-parallel are for the plans moe-mesh-check compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
                 "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
-                "[--expert-placement FILE] [--token-blocks N] [--overlap] [--plan SINGLE --mesh-plan MESH]");
+                "[--expert-placement FILE] [--token-blocks N] [--overlap] [--sequence-parallel] "
+                "[--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
   if (!moe::MeshShape::parse(meshText, mesh, error))
@@ -259,6 +262,8 @@ int main(int argc, char **argv) {
       moecArgs.insert(moecArgs.end(), {"--token-blocks", tokenBlocks});
     if (!meshFlag.empty() && overlap)
       moecArgs.push_back("--overlap");
+    if (!meshFlag.empty() && sequenceParallel)
+      moecArgs.push_back("--sequence-parallel");
     if (fusedExperts) // both plans: the expert MLP and its combine differentiated as one
       moecArgs.push_back("--fused-expert-backward");
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())

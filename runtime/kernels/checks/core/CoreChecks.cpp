@@ -70,6 +70,20 @@ LmHeadLossShape checkLmHeadLoss(const KernelContext &ctx) {
   return s;
 }
 
+ShiftLabelsShape checkShiftLabels(const KernelContext &ctx) {
+  const TensorRef &labels = ctx.in(0), &result = ctx.out(0);
+  expectIndices(ctx, labels, "labels");
+  ctx.expectShape(labels, "labels", {-1});
+  ctx.expectShape(result, "result", {labels.dim(0)});
+  if (result.dtype != labels.dtype)
+    ctx.fail("the result must have the labels' index type");
+  ShiftLabelsShape s{labels.dim(0), ctx.seqLen, ctx.attrInt("ignore_index", -100), labels.dtype == plan::I64};
+  if (s.seqLen <= 0 || s.rows % s.seqLen != 0)
+    ctx.fail("shift_labels needs whole sequences: " + std::to_string(s.rows) + " labels are not a multiple of seq_len " +
+             std::to_string(s.seqLen));
+  return s;
+}
+
 plan::DType roundingTypeAttr(const KernelContext &ctx, const std::string &name) {
   if (!ctx.has(name))
     return plan::DTYPE_UNSPECIFIED;

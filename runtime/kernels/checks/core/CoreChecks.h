@@ -93,6 +93,14 @@ AdamWConstants adamwLaunch(const KernelContext &ctx);
 /// of its input, or for a scalar result element `index`): (byte offset, bytes) to copy.
 std::pair<size_t, size_t> microbatchBytes(const KernelContext &ctx);
 
+/// shift_labels: labels [T] in, [T] of the same index type out, T whole sequences of the
+/// step's seq_len; `ignore` is ignore_index (-100 when absent).
+struct ShiftLabelsShape {
+  int64_t rows, seqLen, ignore;
+  bool i64;
+};
+ShiftLabelsShape checkShiftLabels(const KernelContext &ctx);
+
 /// A type attribute that names where a fused kernel rounds (f32 or bf16: logits_type,
 /// base_type): DTYPE_UNSPECIFIED when absent, a failure naming it for any other value.
 plan::DType roundingTypeAttr(const KernelContext &ctx, const std::string &name);

@@ -1,6 +1,6 @@
-//===- Tokens.cpp - embedding and cross_entropy, forward and backward -----===//
+//===- Tokens.cpp - embedding, cross_entropy, shift_labels -----------===//
 //
-// The two kernels that read token ids. Ids are validated before any parallel
+// The kernels that read token ids and labels. Ids are validated before any parallel
 // section; both reductions (the table gradient, the mean loss) add in a
 // fixed order, so results do not depend on the thread count.
 //
@@ -158,6 +158,19 @@ void crossEntropyBackward(KernelContext &ctx) {
   });
 }
 
+/// Each position's next label within its sequence; the last position of a sequence is ignored.
+void shiftLabels(KernelContext &ctx) {
+  checks::core::ShiftLabelsShape s = checks::core::checkShiftLabels(ctx);
+  const TensorRef &labels = ctx.in(0), &result = ctx.out(0);
+  for (int64_t t = 0; t < s.rows; ++t) {
+    int64_t next = (t + 1) % s.seqLen == 0 ? s.ignore : labels.index(t + 1);
+    if (s.i64)
+      static_cast<int64_t *>(result.data)[t] = next;
+    else
+      static_cast<int32_t *>(result.data)[t] = static_cast<int32_t>(next);
+  }
+}
+
 } // namespace
 
 void registerTokenKernels(KernelRegistry &registry) {
@@ -165,6 +178,7 @@ void registerTokenKernels(KernelRegistry &registry) {
   registry.add("embedding.backward", embeddingBackward);
   registry.add("cross_entropy", crossEntropy);
   registry.add("cross_entropy.backward", crossEntropyBackward);
+  registry.add("shift_labels", shiftLabels);
 }
 
 } // namespace moec::runtime::cpu::core

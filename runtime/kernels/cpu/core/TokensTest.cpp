@@ -1,4 +1,4 @@
-//===- TokensTest.cpp - embedding and cross_entropy against naive references -===//
+//===- TokensTest.cpp - embedding, cross_entropy, shift_labels against references -===//
 
 #include <cmath>
 
@@ -250,6 +250,56 @@ TEST(CrossEntropy, RejectsBadLaunches) {
   KernelCall call = lossCall(c, 1);
   KernelCall noSeed = backwardOf(call, {0}, {{0, floatTensor({2}, {1.0f, 1.0f})}});
   EXPECT_THAT(failureOf(noSeed), HasSubstr("the result gradient has shape [2], expected []"));
+}
+
+KernelCall shiftCall(plan::DType type, const std::vector<int64_t> &labels, int64_t seq) {
+  int64_t rows = static_cast<int64_t>(labels.size());
+  KernelCall call(registry(), "shift_labels");
+  call.input(indexTensor(type, {rows}, labels)).sequences(seq, rows / seq).output(type, {rows});
+  return call;
+}
+
+TEST(ShiftLabels, TakesEachNextLabelWithinItsSequence) {
+  for (plan::DType type : {plan::I32, plan::I64}) {
+    KernelCall call = shiftCall(type, {10, 11, -100, 13, 20, 21, 22, 23}, 4);
+    call.run();
+    EXPECT_EQ(call.result(0).indices(), (std::vector<int64_t>{11, -100, 13, -100, 21, 22, 23, -100}));
+    KernelCall other = shiftCall(type, {1, 2, 3, 4}, 2);
+    other.attr("ignore_index", int64_t{-1});
+    other.run();
+    EXPECT_EQ(other.result(0).indices(), (std::vector<int64_t>{2, -1, 4, -1}));
+  }
+}
+
+// Sequence parallel's loss: the shift done first, then scored without one, is the loss.
+TEST(ShiftLabels, ThenUnshiftedLossIsTheShiftedLoss) {
+  for (const LossCase &c : kLossCases) {
+    if (!c.shift)
+      continue;
+    KernelCall shifted = lossCall(c, 41);
+    shifted.run();
+    KernelCall shift = shiftCall(c.labelType, c.labels, c.seq);
+    if (c.ignore != -100)
+      shift.attr("ignore_index", c.ignore);
+    shift.run();
+    LossCase plain = c;
+    plain.shift = false;
+    plain.labels = shift.result(0).indices();
+    KernelCall unshifted = lossCall(plain, 41);
+    unshifted.run();
+    expectNear(unshifted.result(0).floats(), {shifted.result(0).floats()[0]}, 1e-7, "loss of shifted labels");
+  }
+}
+
+TEST(ShiftLabels, RejectsBadLaunches) {
+  KernelCall ragged = shiftCall(plan::I64, {1, 2, 3, 4, 5, 6}, 4);
+  EXPECT_THAT(failureOf(ragged), HasSubstr("6 labels are not a multiple of seq_len 4"));
+  KernelCall mixed = shiftCall(plan::I64, {1, 2, 3, 4}, 4);
+  mixed.result(0) = zeroTensor(plan::I32, {4});
+  EXPECT_THAT(failureOf(mixed), HasSubstr("the result must have the labels' index type"));
+  KernelCall floats(registry(), "shift_labels");
+  floats.input(floatTensor({4}, {1, 2, 3, 4})).sequences(4, 1).output(plan::F32, {4});
+  EXPECT_THAT(failureOf(floats), HasSubstr("labels"));
 }
 
 TEST(CrossEntropy, SameBitsForAnyThreadCount) {

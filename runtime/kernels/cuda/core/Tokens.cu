@@ -278,6 +278,30 @@ void crossEntropyBackward(KernelContext &ctx) {
   checkLaunch(ctx, "cross_entropy.backward");
 }
 
+//===----------------------------------------------------------------------===//
+// shift_labels
+//===----------------------------------------------------------------------===//
+
+template <typename Index>
+__global__ void shiftLabelsKernel(const Index *labels, Index *result, int64_t rows, int64_t seqLen, int64_t ignore) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < rows;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    result[t] = (t + 1) % seqLen == 0 ? static_cast<Index>(ignore) : labels[t + 1];
+}
+
+/// Each position's next label within its sequence; the last position of a sequence is ignored.
+void shiftLabels(KernelContext &ctx) {
+  checks::core::ShiftLabelsShape s = checks::core::checkShiftLabels(ctx);
+  if (s.rows == 0)
+    return;
+  if (s.i64)
+    shiftLabelsKernel<<<gridFor(s.rows), kThreads, 0, streamOf(ctx)>>>(
+        static_cast<const int64_t *>(ctx.in(0).data), static_cast<int64_t *>(ctx.out(0).data), s.rows, s.seqLen, s.ignore);
+  else
+    shiftLabelsKernel<<<gridFor(s.rows), kThreads, 0, streamOf(ctx)>>>(
+        static_cast<const int32_t *>(ctx.in(0).data), static_cast<int32_t *>(ctx.out(0).data), s.rows, s.seqLen, s.ignore);
+}
+
 } // namespace
 
 LossTargets lossTargets(const KernelContext &ctx, const TensorRef &labels, int64_t vocab) {
@@ -303,6 +327,7 @@ void registerTokenKernels(KernelRegistry &registry) {
   registry.add("embedding.backward", embeddingBackward);
   registry.add("cross_entropy", crossEntropy);
   registry.add("cross_entropy.backward", crossEntropyBackward);
+  registry.add("shift_labels", shiftLabels);
 }
 
 } // namespace moec::runtime::cuda::core

@@ -1,4 +1,4 @@
-//===- TokensTest.cpp - embedding and cross_entropy on CUDA against the CPU -===//
+//===- TokensTest.cpp - embedding, cross_entropy, shift_labels on CUDA against the CPU -===//
 
 #include "runtime/kernels/cuda/core/CoreCompare.h"
 
@@ -188,6 +188,23 @@ TEST(CudaCrossEntropy, BackwardWithBf16Seed) {
           return backwardOf(forward, {0}, {{0, floatTensor({}, {0.5f})}});
         },
         name(c) + " backward, bf16 d loss");
+}
+
+TEST(CudaShiftLabels, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::vector<int64_t> labels;
+  for (int64_t t = 0; t < 3000; ++t)
+    labels.push_back(t % 7 == 0 ? -100 : (t * 31) % 50000);
+  for (plan::DType type : {plan::I32, plan::I64})
+    for (int64_t seq : {1000, 3000, 1})
+      expectMatchesCpuIn(
+          plan::F32,
+          [&] {
+            KernelCall call(registry(), "shift_labels");
+            call.input(indexTensor(type, {3000}, labels)).sequences(seq, 3000 / seq).output(type, {3000});
+            return call;
+          },
+          "shift_labels of 3000 labels, sequences of " + std::to_string(seq));
 }
 
 } // namespace
