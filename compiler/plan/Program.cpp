@@ -359,7 +359,8 @@ private:
     } else if (auto slice = dyn_cast<moe::MicrobatchOp>(op)) {
       rows = rowsOf(slice.getInput()) / slice.getCount();
     } else if (isa<moe::StageExchangeOp>(op)) {
-      rows = program.tokens(); // one micro-batch's hidden state or its gradient
+      // One micro-batch's hidden state or its gradient (sequence parallel: a tp rank's rows).
+      rows = program.tokens() / (model->hasAttr("sequence_parallel") ? tpRanks : 1);
     } else if (auto blocks = dyn_cast<moe::TokenBlocksOp>(op)) {
       int64_t n = rowsOf(blocks.getInput()), count = blocks.getNumResults();
       rows = (index + 1) * n / count - index * n / count;

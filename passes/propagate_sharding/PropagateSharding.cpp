@@ -60,9 +60,8 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     }
     if (shape.ep > 1 && failed(splitExperts(model, shape.ep)))
       return signalPassFailure();
-    if (sequenceParallel && (shape.tp < 2 || shape.pp > 1)) {
-      model.emitError("--moe-propagate-sharding: sequence-parallel needs tp > 1 and, for now, no pp (the pipeline "
-                      "exchanges whole micro-batches); mesh ")
+    if (sequenceParallel && shape.tp < 2) {
+      model.emitError("--moe-propagate-sharding: sequence-parallel needs tp > 1 (it splits the tokens over tp); mesh ")
           << shape.str();
       return signalPassFailure();
     }

@@ -90,7 +90,7 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     that cannot split is named in a warning, and a model with nothing to
     split fails.
 
-    Sequence parallel (`sequence-parallel`, with tp > 1; not yet with pp):
+    Sequence parallel (`sequence-parallel`, with tp > 1):
     between the split regions each tp rank holds only its rows of the hidden
     states (rank r of n: rows [r T / n, (r + 1) T / n)), so the norms,
     residual adds, routers and everything else an op computes token by token
