@@ -11,7 +11,7 @@
 #                               step's kernels under ncu ($OUT/ncu.csv)
 #   tests/gpu/gpu_run.sh mesh   on a machine with 2 GPUs: the NCCL and expert MLP tests, every
 #                               golden family on dp=2, ep=2 (and ep=2-all: --ep-exchange all), pp=2
-#                               and tp=2 (a GPU per rank) against one GPU (moe-mesh-check, f32 and
+#                               tp=2 and tp=2-sp (--sequence-parallel) (a GPU per rank) against one GPU (moe-mesh-check, f32 and
 #                               bf16), and Qwen3-30B-A3B (48 layers, 4096 tokens per GPU) on one GPU,
 #                               dp, ep (its default exchange, and ep=2-routed), pp, tp=2: tokens/s
 #                               per GPU and exposed communication (moe-run bench --nproc 2), also
@@ -30,10 +30,12 @@ cd "$(dirname "$0")/../.."
 pack=.gpu
 families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen3_next)
 # A mesh name with its expert exchange: "ep=2-all" is --mesh ep=2 --ep-exchange all; "ep=2-overlap"
-# is --mesh ep=2 --overlap (token blocks, the exchange and gradient sums on a second stream).
+# is --mesh ep=2 --overlap (token blocks, the exchange and gradient sums on a second stream);
+# "tp=2-sp" is --mesh tp=2 --sequence-parallel.
 meshFlags() {
   case "$1" in
     *-overlap) echo "--mesh ${1%-overlap} --overlap" ;;
+    *-sp) echo "--mesh ${1%-sp} --sequence-parallel" ;;
     *-all | *-routed) echo "--mesh ${1%-*} --ep-exchange ${1##*-}" ;;
     *) echo "--mesh $1" ;;
   esac
@@ -90,9 +92,9 @@ if [ "${1:-}" = pack ]; then
   # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2 ep=2-all pp=2 tp=2; do
+      for mesh in dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp; do
         # tp ranks share their sequences: both of the golden batch's, as on one GPU.
-        batch=1; [ "$mesh" = tp=2 ] && batch=2
+        batch=1; [ "${mesh%-sp}" = tp=2 ] && batch=2
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
           --seq-len 96 --micro-batch $batch --pipeline-micro-batches 4 --lr 1e-3 --warmup-steps 0 --schedule constant \
           --max-grad-norm 0 --weight-decay 0 --dtype "$dtype" $(meshFlags "$mesh") \
@@ -103,7 +105,7 @@ if [ "${1:-}" = pack ]; then
         --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.batch4.moeplan" 2>/dev/null
     done
   done
-  for mesh in "" dp=2 ep=2 ep=2-routed pp=2 tp=2 ep=2-overlap dp=2-overlap; do
+  for mesh in "" dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap; do
     "$bin/compiler/tools/moec" compile models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+$(meshFlags "$mesh")} \
       --pipeline-micro-batches 4 -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
@@ -170,7 +172,7 @@ if [ "$1" = mesh ]; then
   : >"$out/mesh_check.log"
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in ${MESHES:-dp=2 ep=2 ep=2-all pp=2 tp=2}; do
+      for mesh in ${MESHES:-dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp}; do
         single="$pack/plans/$f.$dtype.fused.moeplan"; [ "$mesh" = pp=2 ] && single="$pack/plans/$f.$dtype.batch4.moeplan"
         if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "${mesh%-*}" \
           --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
@@ -182,7 +184,7 @@ if [ "$1" = mesh ]; then
   done
   rm -f "$out/one.log"
   : >"$out/scale.log"
-  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2 ep=2-overlap dp=2-overlap}; do
+  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap}; do
     nproc=2; [ "$mesh" = single ] && nproc=1
     { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh (pp: 4 micro-batches of 4096 per step)"
       "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
