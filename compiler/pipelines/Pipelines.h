@@ -80,6 +80,10 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
                               llvm::cl::desc("With ep > 1: each MoE block's expert exchange on this many "
                                              "blocks of its tokens (1: whole)"),
                               llvm::cl::init(1)};
+  ListOption<std::string> tpReplicate{
+      *this, "tp-replicate",
+      llvm::cl::desc("With tp > 1: region kinds kept whole on every tp rank (attention, latent-attention, "
+                     "linear-attention, mlp, experts)")};
   Option<bool> sequenceParallel{*this, "sequence-parallel",
                                 llvm::cl::desc("With tp > 1: the hidden states between split regions in "
                                                "rows over tp (reduce-scatter / all-gather)"),

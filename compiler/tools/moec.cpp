@@ -245,6 +245,11 @@ int runCompile(int argc, char **argv) {
       cl::desc("With ep > 1: run each MoE block's expert exchange on N blocks of its tokens, so that "
                "one block's exchange can overlap another's experts (1: the whole batch at once)"),
       cl::init(1));
+  cl::list<std::string> tpReplicate(
+      "tp-replicate", cl::CommaSeparated, cl::value_desc("attention,latent-attention,linear-attention,mlp,experts"),
+      cl::desc("With tp > 1 in --mesh: keep these regions whole on every tp rank instead of splitting them (with "
+               "--sequence-parallel, routed experts kept whole run on each rank's rows: no collective in the MoE "
+               "block, whole expert weights on every rank)"));
   cl::opt<bool> sequenceParallel(
       "sequence-parallel",
       cl::desc("With tp > 1 in --mesh: between the split attention and MLP regions each tp rank holds only its "
@@ -360,6 +365,7 @@ int runCompile(int argc, char **argv) {
   options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
   options.overlap = overlap;
   options.sequenceParallel = sequenceParallel;
+  options.tpReplicate = tpReplicate;
   if (overlap && mesh.single())
     errs() << "moec: warning: --overlap has no effect without a --mesh\n";
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)

@@ -42,6 +42,11 @@ constexpr llvm::StringLiteral kEpRowsAttr = "moe.ep_rows";
 /// split dimension stacks parts that split separately (Gated DeltaNet's convolution over q, k
 /// and v): the parts' whole extents, in order. A rank holds its share of each part, in order.
 constexpr llvm::StringLiteral kTpPiecesAttr = "moe.tp_pieces";
+/// A user's annotation on a tensor-parallel region's centre op (moe.attention, moe.mla,
+/// moe.sparse_attention, moe.kda, moe.gated_delta_net, moe.mamba2, an MLP's moe.glu or
+/// moe.activation, moe.expert_mlp): --moe-propagate-sharding keeps it whole on every tp rank
+/// (with sequence parallel, tokenwise work such as routed experts then runs on each rank's rows).
+constexpr llvm::StringLiteral kTpReplicatedAttr = "moe.tp_replicated";
 /// The stream an op's step is issued on (--moe-schedule-overlap; absent: stream 0), and on the
 /// model how many streams its plan has.
 constexpr llvm::StringLiteral kStreamAttr = "moe.stream";

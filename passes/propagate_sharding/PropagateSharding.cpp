@@ -65,6 +65,14 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
           << shape.str();
       return signalPassFailure();
     }
+    if (!tpReplicate.empty() && shape.tp < 2) {
+      model.emitError("--moe-propagate-sharding: tp-replicate keeps tensor-parallel regions whole; it needs tp > 1, "
+                      "mesh ")
+          << shape.str();
+      return signalPassFailure();
+    }
+    if (failed(annotateReplicated(model, SmallVector<std::string>(tpReplicate.begin(), tpReplicate.end()))))
+      return signalPassFailure();
     if (shape.tp > 1 && failed(splitHeads(model, shape.tp)))
       return signalPassFailure();
     if (sequenceParallel && failed(applySequenceParallel(model)))
@@ -85,7 +93,8 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                  << " splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net, moe.mamba2), dense MLPs "
                                     "and expert MLPs, and ";
       if (report->kept.empty())
-        error << "this model has none to split (experts split over ep stay whole)";
+        error << "this model has none to split (experts split over ep stay whole"
+              << (report->replicated.empty() ? "" : "; the rest is annotated moe.tp_replicated") << ")";
       for (const auto &[what, why] : report->kept)
         error << "@" << what << " cannot: " << why << "; ";
       return error;
@@ -93,6 +102,9 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
     for (const auto &[what, why] : report->kept)
       model.emitWarning("--moe-propagate-sharding: tp = ")
           << ranks << " keeps @" << what << " whole on every tp rank: " << why;
+    for (const std::string &what : report->replicated)
+      model.emitRemark("--moe-propagate-sharding: tp = ")
+          << ranks << " keeps @" << what << " whole on every tp rank, as annotated (moe.tp_replicated)";
     return success();
   }
 

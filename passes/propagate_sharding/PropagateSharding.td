@@ -90,6 +90,15 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     that cannot split is named in a warning, and a model with nothing to
     split fails.
 
+    User annotations: a region's centre op (`moe.attention`, `moe.mla`,
+    `moe.sparse_attention`, `moe.kda`, `moe.gated_delta_net`, `moe.mamba2`,
+    an MLP's `moe.glu` / `moe.activation`, `moe.expert_mlp`) annotated
+    `moe.tp_replicated` stays whole on every tp rank (a remark says so);
+    `tp-replicate` annotates every region of the kinds it lists. With
+    sequence parallel, routed experts kept whole run on each rank's rows:
+    the MoE block then needs no collective at all, for whole expert weights
+    on every rank.
+
     Sequence parallel (`sequence-parallel`, with tp > 1):
     between the split regions each tp rank holds only its rows of the hidden
     states (rank r of n: rows [r T / n, (r + 1) T / n)), so the norms,
@@ -142,6 +151,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     ```
   }];
   let options = [
+    ListOption<"tpReplicate", "tp-replicate", "std::string",
+               "With tp > 1: region kinds kept whole on every tp rank (attention, latent-attention, "
+               "linear-attention, mlp, experts), as a moe.tp_replicated annotation on an op does">,
     Option<"sequenceParallel", "sequence-parallel", "bool", "false",
            "With tp > 1: between the split regions each tp rank holds only its rows of the hidden "
            "states (reduce-scatter / all-gather instead of all-reduce)">,

@@ -594,13 +594,52 @@ void mergeExits(moe::ModelOp model) {
   }
 }
 
+/// The kind tp-replicate names `center` by ("" for an op that is no region's centre).
+static llvm::StringRef regionKind(Operation *center) {
+  if (isa<moe::AttentionOp>(center))
+    return "attention";
+  if (isa<moe::MLAOp, moe::SparseAttentionOp>(center))
+    return "latent-attention";
+  if (isa<moe::KDAOp, moe::GatedDeltaNetOp, moe::Mamba2Op>(center))
+    return "linear-attention";
+  if (isa<moe::ExpertMLPOp>(center))
+    return "experts";
+  if (isa<moe::GluOp, moe::ActivationOp>(center))
+    return "mlp";
+  return "";
+}
+
+LogicalResult annotateReplicated(moe::ModelOp model, llvm::ArrayRef<std::string> kinds) {
+  static constexpr llvm::StringLiteral known[] = {"attention", "latent-attention", "linear-attention", "mlp",
+                                                  "experts"};
+  for (const std::string &kind : kinds)
+    if (!llvm::is_contained(known, kind))
+      return model.emitError("--moe-propagate-sharding: tp-replicate names '")
+             << kind << "'; expected a comma-separated list of attention, latent-attention, linear-attention, mlp, "
+                        "experts";
+  UnitAttr unit = UnitAttr::get(model.getContext());
+  model.walk([&](Operation *op) {
+    llvm::StringRef kind = regionKind(op);
+    if (!kind.empty() && llvm::is_contained(kinds, kind.str()))
+      op->setAttr(moe::kTpReplicatedAttr, unit);
+  });
+  return success();
+}
+
 FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks) {
   HeadSplitReport report;
-  // Grouped-query and latent attention, dense MLPs: each region split by the rules above, or
-  // kept whole with the reason.
-  auto splitRegion = [&](Analysis analysis, Operation *center, llvm::StringRef what) {
+  auto nameOf = [](Operation *center, llvm::StringRef what) {
     auto layer = center->getParentOfType<moe::LayerOp>();
-    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (" + what.str() + ")";
+    return (layer ? layer.getSymName().str() : std::string("the model")) + " (" + what.str() + ")";
+  };
+  // Grouped-query and latent attention, dense MLPs: each region split by the rules above, or
+  // kept whole with the reason (or as the user's annotation asks).
+  auto splitRegion = [&](Analysis analysis, Operation *center, llvm::StringRef what) {
+    std::string name = nameOf(center, what);
+    if (center->hasAttr(moe::kTpReplicatedAttr)) {
+      report.replicated.push_back(name);
+      return;
+    }
     std::string why = analysis.run();
     if (!why.empty()) {
       report.kept.push_back({name, why});
@@ -628,8 +667,11 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
   SmallVector<moe::ExpertMLPOp> mlps;
   model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
   for (moe::ExpertMLPOp mlp : mlps) {
-    auto layer = mlp->getParentOfType<moe::LayerOp>();
-    std::string name = (layer ? layer.getSymName().str() : std::string("the model")) + " (experts)";
+    std::string name = nameOf(mlp, "experts");
+    if (mlp->hasAttr(moe::kTpReplicatedAttr)) {
+      report.replicated.push_back(name);
+      continue;
+    }
     std::string why = expertSplitBlocker(mlp, ranks);
     if (!why.empty()) {
       if (!llvm::StringRef(why).ends_with("split over ep already")) // with ep, experts split there instead
@@ -651,6 +693,8 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
     splitRegion(Analysis(activation, ranks), activation, "mlp");
   mergeEnters(model);
   mergeExits(model);
+  // The annotations are decided: they do not travel into the plan's kernel attributes.
+  model.walk([](Operation *op) { op->removeAttr(moe::kTpReplicatedAttr); });
   return report;
 }
 

@@ -24,7 +24,13 @@ namespace moec::passes {
 struct HeadSplitReport {
   std::vector<std::string> split;
   std::vector<std::pair<std::string, std::string>> kept;
+  std::vector<std::string> replicated; // annotated moe.tp_replicated: kept whole as asked
 };
+
+/// The region kinds `--moe-propagate-sharding`'s tp-replicate names: attention, latent-attention,
+/// linear-attention (KDA, Gated DeltaNet, Mamba-2), mlp (dense MLPs, shared experts), experts.
+/// Annotates every centre op of `kinds` with moe.tp_replicated; fails naming an unknown kind.
+mlir::LogicalResult annotateReplicated(moe::ModelOp model, llvm::ArrayRef<std::string> kinds);
 
 /// Splits the heads of every grouped-query and latent attention, and the intermediate features
 /// of every dense and

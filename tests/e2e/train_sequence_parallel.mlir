@@ -4,7 +4,8 @@
 // rows of the hidden states; each scores the loss on its rows of the shifted labels) as four
 // CPU thread ranks takes the steps one rank takes on the global batch: the same losses and
 // gradient norms, from a written model and from random weights; the expert loads count every
-// routed token once; the exported adapter scores the data as one rank's does. A step whose
+// routed token once; the exported adapter scores the data as one rank's does; so with expert
+// adapters, and with the experts kept whole by --tp-replicate. A step whose
 // tokens do not split over tp is refused at compile time.
 //
 // RUN: rm -rf %t && mkdir -p %t && cp %inputs/tiny_qwen3_moe_4_layers.json %t/config.json
@@ -30,6 +31,28 @@
 // RUN:     --out %t/single_random --steps 3 2>/dev/null
 // RUN: python3 %inputs/same_losses.py %t/sp_random/metrics.jsonl %t/single_random/metrics.jsonl 1e-5 \
 // RUN:   | FileCheck %s --check-prefix=SAME-RANDOM
+// Expert adapters keep the experts whole on every tp rank: each rank runs them on its rows, so
+// their gradients are partial sums over tp (moe.tp_partial_grad); so are routed experts kept
+// whole by --tp-replicate.
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 2 --lora-rank 4 --expert-lora \
+// RUN:     --lora-targets q_proj,gate_proj,up_proj,down_proj --mesh dp=2,tp=2 --sequence-parallel \
+// RUN:     -o %t/experts_sp.moeplan 2>/dev/null
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 4 --lora-rank 4 --expert-lora \
+// RUN:     --lora-targets q_proj,gate_proj,up_proj,down_proj -o %t/experts_single.moeplan 2>/dev/null
+// RUN: moe-run train --plan %t/experts_sp.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/experts_sp --steps 3 --nproc 4 2>/dev/null
+// RUN: moe-run train --plan %t/experts_single.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/experts_single --steps 3 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/experts_sp/metrics.jsonl %t/experts_single/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME-EXPERTS
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 2 --lora-rank 4 --mesh dp=2,tp=2 \
+// RUN:     --sequence-parallel --tp-replicate experts -o %t/replicated.moeplan 2>/dev/null
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 2 --lora-rank 4 --mesh dp=2,tp=2 \
+// RUN:     --sequence-parallel --tp-replicate experts --emit=mlir 2>/dev/null | FileCheck %s --check-prefix=REPLICATED
+// RUN: moe-run train --plan %t/replicated.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/replicated --steps 4 --nproc 4 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/replicated/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME
 // RUN: not moec compile %t/config.json --seq-len 31 --lora-rank 4 --mesh tp=2 --sequence-parallel \
 // RUN:     -o %t/odd.moeplan 2>&1 | FileCheck %s --check-prefix=ODD
 
@@ -40,4 +63,8 @@
 // METRICS: 4 steps
 // METRICS: expert_load: layers 0 1 2 3, experts 8, 256 routed tokens per layer
 // SAME-RANDOM: 3 steps agree within 1e-05
+// SAME-EXPERTS: 3 steps agree within 1e-05
+// REPLICATED: moe.param @self_attn_q_proj "{{[^"]*}}" : tensor<96x96xf32> sharding #moe.sharding<[tp, _]>
+// REPLICATED: moe.param @mlp_experts_gate_proj "{{[^"]*}}" : tensor<8x48x96xf32>{{$}}
+// REPLICATED-NOT: tp_replicated
 // ODD: 'moe.tp_slice' op takes a tp rank's rows of 31 token rows, which do not split over tp = 2

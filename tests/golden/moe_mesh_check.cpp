@@ -21,8 +21,8 @@
 // both plans with moec's flag of that name. --recompute compiles
 // the mesh plan with that policy (moec --recompute; the single rank saves
 // everything), so what the backward keeps is checked under the mesh too.
-// --expert-placement, --token-blocks, --overlap and --sequence-parallel compile the mesh plan with
-// moec's flags of those names (which experts each ep rank holds, ...).
+// --expert-placement, --token-blocks, --overlap, --sequence-parallel and --tp-replicate compile the
+// mesh plan with moec's flags of those names (which experts each ep rank holds, ...).
 //
 //===----------------------------------------------------------------------===//
 
@@ -158,7 +158,8 @@ int main(int argc, char **argv) {
   std::string meshText = args.get("mesh"), dtype = args.get("dtype", "float32"), backend = args.get("backend", "cpu");
   std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan");
   std::string epExchange = args.get("ep-exchange", "auto"), recompute = args.get("recompute"),
-              placement = args.get("expert-placement"), tokenBlocks = args.get("token-blocks");
+              placement = args.get("expert-placement"), tokenBlocks = args.get("token-blocks"),
+              tpReplicate = args.get("tp-replicate");
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
@@ -177,14 +178,14 @@ int main(int argc, char **argv) {
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
   if ((!recompute.empty() || fusedExperts || !placement.empty() || !tokenBlocks.empty() || overlap ||
-       sequenceParallel) &&
+       sequenceParallel || !tpReplicate.empty()) &&
       !singlePath.empty())
-    return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks, --overlap and "
-                "--sequence-parallel are for the plans moe-mesh-check compiles, not with --plan");
+    return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks, --overlap, "
+                "--sequence-parallel and --tp-replicate are for the plans moe-mesh-check compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
                 "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
-                "[--expert-placement FILE] [--token-blocks N] [--overlap] [--sequence-parallel] "
+                "[--expert-placement FILE] [--token-blocks N] [--overlap] [--sequence-parallel] [--tp-replicate KINDS] "
                 "[--plan SINGLE --mesh-plan MESH]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
@@ -264,6 +265,8 @@ int main(int argc, char **argv) {
       moecArgs.push_back("--overlap");
     if (!meshFlag.empty() && sequenceParallel)
       moecArgs.push_back("--sequence-parallel");
+    if (!meshFlag.empty() && !tpReplicate.empty())
+      moecArgs.insert(moecArgs.end(), {"--tp-replicate", tpReplicate});
     if (fusedExperts) // both plans: the expert MLP and its combine differentiated as one
       moecArgs.push_back("--fused-expert-backward");
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())

@@ -31,9 +31,11 @@ pack=.gpu
 families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen3_next)
 # A mesh name with its expert exchange: "ep=2-all" is --mesh ep=2 --ep-exchange all; "ep=2-overlap"
 # is --mesh ep=2 --overlap (token blocks, the exchange and gradient sums on a second stream);
-# "tp=2-sp" is --mesh tp=2 --sequence-parallel.
+# "tp=2-sp" is --mesh tp=2 --sequence-parallel, "tp=2-spx" that with the experts kept whole
+# (--tp-replicate experts: each tp rank runs every expert on its rows).
 meshFlags() {
   case "$1" in
+    *-spx) echo "--mesh ${1%-spx} --sequence-parallel --tp-replicate experts" ;;
     *-overlap) echo "--mesh ${1%-overlap} --overlap" ;;
     *-sp) echo "--mesh ${1%-sp} --sequence-parallel" ;;
     *-all | *-routed) echo "--mesh ${1%-*} --ep-exchange ${1##*-}" ;;
@@ -105,7 +107,7 @@ if [ "${1:-}" = pack ]; then
         --weight-decay 0 --dtype "$dtype" -o "$pack/plans/$f.$dtype.batch4.moeplan" 2>/dev/null
     done
   done
-  for mesh in "" dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap; do
+  for mesh in "" dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp tp=2-spx ep=2-overlap dp=2-overlap; do
     "$bin/compiler/tools/moec" compile models/qwen3-30b-a3b/config.json --lora-rank 32 --lora-alpha 64 \
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+$(meshFlags "$mesh")} \
       --pipeline-micro-batches 4 -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
@@ -184,7 +186,7 @@ if [ "$1" = mesh ]; then
   done
   rm -f "$out/one.log"
   : >"$out/scale.log"
-  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap}; do
+  for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp tp=2-spx ep=2-overlap dp=2-overlap}; do
     nproc=2; [ "$mesh" = single ] && nproc=1
     { echo "===== Qwen3-30B-A3B 48 layers, 4096 tokens per GPU, $mesh (pp: 4 micro-batches of 4096 per step)"
       "$pack/bin/moe-run" bench --backend cuda --plan "$pack/plans/scale.qwen3-30b-a3b.$mesh.moeplan" \
