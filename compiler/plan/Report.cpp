@@ -163,6 +163,12 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
       for (int id : step.inputs)
         bytes += program.buffers[id].bytes;
       bytes = bytes * 2 * (n - 1) / std::max<int64_t>(n, 1);
+    } else if (step.collective == "all_gather" || step.collective == "reduce_scatter") {
+      // Ring: an all-gather passes this rank's rows on n - 1 times; a reduce-scatter sends
+      // (n - 1) / n of the whole input.
+      for (int id : step.inputs)
+        bytes += program.buffers[id].bytes;
+      bytes = step.collective == "all_gather" ? bytes * (n - 1) : bytes * (n - 1) / std::max<int64_t>(n, 1);
     } else if (step.collective == "send_recv") { // to the neighbouring stage: what it sends
       for (int id : step.inputs)
         bytes += program.buffers[id].bytes;
@@ -188,6 +194,12 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
                       : kind == "all_reduce"
                           ? "LoRA gradients of a layer, summed over the ranks that train the same tensor on "
                             "other tokens (--moe-sync-gradients)"
+                      : kind == "all_gather"
+                          ? "sequence parallel: a tp rank's rows gathered where a split region (or a mixer "
+                            "kept whole) reads every row; in the backward, a reduce-scatter's gradient"
+                      : kind == "reduce_scatter"
+                          ? "sequence parallel: the partial sums of a split region, each tp rank keeping its "
+                            "rows (moe.tp_exit with rows); in the backward, an input's gradient from every tp rank"
                       : kind == "send_recv"
                           ? "a micro-batch's hidden state to the next pipeline stage; in the backward, its "
                             "gradient to the previous one"

@@ -53,6 +53,8 @@
 // RUN:     --out %t/replicated --steps 4 --nproc 4 2>/dev/null
 // RUN: python3 %inputs/same_losses.py %t/replicated/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
 // RUN:   | FileCheck %s --check-prefix=SAME
+// RUN: moec compile %t/config.json --seq-len 32 --lora-rank 4 --mesh tp=2 --sequence-parallel \
+// RUN:     --emit=report 2>/dev/null | FileCheck %s --check-prefix=REPORT
 // RUN: not moec compile %t/config.json --seq-len 31 --lora-rank 4 --mesh tp=2 --sequence-parallel \
 // RUN:     -o %t/odd.moeplan 2>&1 | FileCheck %s --check-prefix=ODD
 
@@ -67,4 +69,7 @@
 // REPLICATED: moe.param @self_attn_q_proj "{{[^"]*}}" : tensor<96x96xf32> sharding #moe.sharding<[tp, _]>
 // REPLICATED: moe.param @mlp_experts_gate_proj "{{[^"]*}}" : tensor<8x48x96xf32>{{$}}
 // REPLICATED-NOT: tp_replicated
+// REPORT: all_gather       tp       forward {{.*}} sequence parallel: a tp rank's rows gathered
+// REPORT: reduce_scatter   tp       forward {{.*}} sequence parallel: the partial sums of a split region
+// REPORT-NOT: all_reduce       tp
 // ODD: 'moe.tp_slice' op takes a tp rank's rows of 31 token rows, which do not split over tp = 2
