@@ -313,6 +313,9 @@ int runCompile(int argc, char **argv) {
     return fail("--mesh '" + meshText + "': " + error);
   if (epExchange != "auto" && epExchange != "routed" && epExchange != "all")
     return fail("--ep-exchange must be auto, routed or all, got '" + epExchange + "'");
+  if ((sequenceParallel || !tpReplicate.empty()) && mesh.tp < 2)
+    return fail(std::string(sequenceParallel ? "--sequence-parallel" : "--tp-replicate") +
+                " works on tensor-parallel regions: it needs tp > 1 in --mesh (got '" + meshText + "')");
 
   mlir::MLIRContext context;
   context.loadDialect<moec::moe::MoeDialect, mlir::func::FuncDialect>();

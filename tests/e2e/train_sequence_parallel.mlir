@@ -55,6 +55,8 @@
 // RUN:   | FileCheck %s --check-prefix=SAME
 // RUN: moec compile %t/config.json --seq-len 32 --lora-rank 4 --mesh tp=2 --sequence-parallel \
 // RUN:     --emit=report 2>/dev/null | FileCheck %s --check-prefix=REPORT
+// RUN: not moec compile %t/config.json --seq-len 32 --sequence-parallel -o %t/none.moeplan 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=NO-MESH
 // RUN: not moec compile %t/config.json --seq-len 31 --lora-rank 4 --mesh tp=2 --sequence-parallel \
 // RUN:     -o %t/odd.moeplan 2>&1 | FileCheck %s --check-prefix=ODD
 
@@ -72,4 +74,5 @@
 // REPORT: all_gather       tp       forward {{.*}} sequence parallel: a tp rank's rows gathered
 // REPORT: reduce_scatter   tp       forward {{.*}} sequence parallel: the partial sums of a split region
 // REPORT-NOT: all_reduce       tp
+// NO-MESH: moec: error: --sequence-parallel works on tensor-parallel regions: it needs tp > 1 in --mesh (got '')
 // ODD: 'moe.tp_slice' op takes a tp rank's rows of 31 token rows, which do not split over tp = 2
