@@ -179,7 +179,7 @@ plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::s
     bool backward = StringRef(step.kernel).ends_with(".backward");
     for (NamedAttribute attr : step.attrs) {
       if (attr.getName() == "recomputed" || attr.getName() == moe::kPipelineBackwardAttr ||
-          attr.getName() == moe::kStreamAttr)
+          attr.getName() == moe::kStreamAttr || attr.getName() == moe::kTpReplicatedAttr)
         continue;
       // A backward's own groups are (inputs, outputs, output grads); its forward's are
       // under forward_attrs.

@@ -451,7 +451,7 @@ private:
         addStep(&op, "accumulate_grad", {values.lookup(grad.getGrad())}, {target}, context);
         const ProgramBuffer &buffer = program.buffers[target];
         std::vector<int> &bucket =
-            gradsOfLayer[{context.layer, buffer.expertSplit ? kExperts : buffer.tpPartialGrad ? kTpPartial : kReplicated}];
+            gradsOfLayer[{context.layer, bucketOf(buffer.expertSplit, buffer.tpPartialGrad)}];
         if (llvm::find(bucket, target) == bucket.end())
           bucket.push_back(target);
         continue;
@@ -459,9 +459,9 @@ private:
       if (auto reduce = dyn_cast<moe::AllReduceGradsOp>(op)) {
         // In place over the gradients that layer accumulated; a layer without any
         // (frozen throughout) needs no collective.
-        std::vector<int> bucket = gradsOfLayer[{reduce.getLayer(), reduce.getExperts()    ? kExperts
-                                                                   : reduce.getTpPartial() ? kTpPartial
-                                                                                           : kReplicated}];
+        std::vector<int> bucket =
+            gradsOfLayer[{reduce.getLayer(), bucketOf(static_cast<bool>(reduce.getExperts()),
+                                                      static_cast<bool>(reduce.getTpPartial()))}];
         if (bucket.empty())
           continue;
         addStep(&op, "", bucket, bucket, context);
@@ -686,7 +686,10 @@ private:
   /// The gradient buffers each layer index accumulates (-1: model level), in first-use
   /// order, by kind: those of replicated parameters, of parameters split over ep, and of
   /// replicated ones whose gradient each tp rank has a part of.
-  enum BucketKind { kReplicated, kExperts, kTpPartial };
+  enum BucketKind { kReplicated, kExperts, kTpPartial, kExpertsTpPartial };
+  static BucketKind bucketOf(bool experts, bool tpPartial) {
+    return experts ? (tpPartial ? kExpertsTpPartial : kExperts) : tpPartial ? kTpPartial : kReplicated;
+  }
   std::map<std::pair<int64_t, BucketKind>, std::vector<int>> gradsOfLayer;
   /// Each expert route's layout buffer -> its received-indices buffer.
   llvm::DenseMap<int, int> routeOfLayout;

@@ -47,6 +47,10 @@ constexpr llvm::StringLiteral kTpPiecesAttr = "moe.tp_pieces";
 /// moe.activation, moe.expert_mlp): --moe-propagate-sharding keeps it whole on every tp rank
 /// (with sequence parallel, tokenwise work such as routed experts then runs on each rank's rows).
 constexpr llvm::StringLiteral kTpReplicatedAttr = "moe.tp_replicated";
+/// The discardable attribute sequence parallel puts on a moe.dispatch of a tp rank's rows: its
+/// expert counts differ per tp rank (the plan's launch keeps it: the runtime sums every
+/// rank's loads, not tp rank 0's alone).
+constexpr llvm::StringLiteral kTpRowsAttr = "moe.tp_rows";
 /// The stream an op's step is issued on (--moe-schedule-overlap; absent: stream 0), and on the
 /// model how many streams its plan has.
 constexpr llvm::StringLiteral kStreamAttr = "moe.stream";

@@ -35,7 +35,8 @@ class Moe_ComputeOp<string mnemonic, list<Trait> traits = [], list<string> backw
 // Each token's results come from that token's rows alone: run on a subset of the tokens (one
 // rank's rows under sequence parallel), the op gives those tokens' results. moe.dispatch,
 // moe.expert_mlp and moe.combine hold it together: the expert copies and counts are then the
-// subset's.
+// subset's; so do the expert exchange's ops (ep_route, ep_send, ep_return, token blocks), whose
+// ep group's ranks share a tp coordinate: each tp rank exchanges its own rows.
 def Moe_Tokenwise : NativeOpTrait<"Tokenwise"> {
   let cppNamespace = "::moec::moe";
 }
@@ -894,12 +895,16 @@ def Moe_AllReduceGradsOp : Moe_Op<"all_reduce_grads"> {
     `ep` (summed over `dp`: each expert-parallel rank owns its experts);
     with `tp_partial`, only replicated parameters of which each
     tensor-parallel rank holds a partial gradient (read inside a split
-    attention: summed over `tp` too); without either, the others.
+    attention, or on a tp rank's rows: summed over `tp` too); with both,
+    parameters split over `ep` of which each tp rank holds a partial
+    gradient (sequence parallel: each tp rank's rows go to the experts;
+    summed over `dp+tp`); without either, the others.
 
     ```mlir
     moe.all_reduce_grads {axis = "dp+ep", layer = 3 : i64}
     moe.all_reduce_grads {axis = "dp", experts, layer = 3 : i64}
     moe.all_reduce_grads {axis = "dp+ep+tp", layer = 3 : i64, tp_partial}
+    moe.all_reduce_grads {axis = "dp+tp", experts, layer = 3 : i64, tp_partial}
     ```
   }];
   let arguments = (ins StrAttr:$axis, I64Attr:$layer, UnitAttr:$experts, UnitAttr:$tp_partial);
@@ -912,7 +917,7 @@ def Moe_AllReduceGradsOp : Moe_Op<"all_reduce_grads"> {
 //
 // Pure: a function of its operands when every rank runs it (they all run the same program),
 // so a backward that does not read it drops it like any other forward op.
-def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure]> {
+def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure, Moe_Tokenwise]> {
   let summary = "Decides which ranks each token goes to (expert parallel) and sends them its experts.";
   let description = [{
     The `ranks` ranks of `axis` each hold `num_experts / ranks` consecutive
@@ -949,7 +954,7 @@ def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Moe_EpSendOp : Moe_Op<"ep_send", [Pure,
+def Moe_EpSendOp : Moe_Op<"ep_send", [Pure, Moe_Tokenwise,
     DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
   let summary = "Sends each token's row to the ranks that hold its experts (expert parallel).";
   let description = [{
@@ -971,7 +976,7 @@ def Moe_EpSendOp : Moe_Op<"ep_send", [Pure,
   let hasVerifier = 1;
 }
 
-def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure,
+def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure, Moe_Tokenwise,
     DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
   let summary = "Returns each received token's row to its source rank, summed there (expert parallel).";
   let description = [{
@@ -996,7 +1001,7 @@ def Moe_EpReturnOp : Moe_Op<"ep_return", [Pure,
 // Token blocks: with `token-blocks = N`, --moe-propagate-sharding runs each MoE block's expert
 // exchange on N blocks of its tokens, so that --moe-schedule-overlap can send one block while
 // the experts compute another.
-def Moe_TokenBlocksOp : Moe_Op<"token_blocks", [Pure,
+def Moe_TokenBlocksOp : Moe_Op<"token_blocks", [Pure, Moe_Tokenwise,
     DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
   let summary = "Splits the token rows into consecutive blocks (expert-exchange overlap).";
   let description = [{
@@ -1016,7 +1021,7 @@ def Moe_TokenBlocksOp : Moe_Op<"token_blocks", [Pure,
   let hasVerifier = 1;
 }
 
-def Moe_ConcatTokensOp : Moe_Op<"concat_tokens", [Pure,
+def Moe_ConcatTokensOp : Moe_Op<"concat_tokens", [Pure, Moe_Tokenwise,
     DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
   let summary = "Joins token blocks back into one tensor (the inverse of moe.token_blocks).";
   let description = [{

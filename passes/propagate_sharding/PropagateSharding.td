@@ -106,9 +106,11 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     (the ops with the `Moe_Tokenwise` trait) run on T / n rows. A region's
     `moe.tp_enter` gets `rows` (an all-gather; its backward a
     reduce-scatter) and its `moe.tp_exit` `rows` (a reduce-scatter instead
-    of the all-reduce; its backward an all-gather): the same bytes, a
-    quarter of the norm work on two ranks, and activations between regions
-    at 1 / n. An op that mixes tokens outside a region (a mixer kept whole,
+    of the all-reduce; its backward an all-gather): the same bytes, 1 / n of
+    the norm work, and activations between regions at 1 / n. The expert
+    exchange (ep) runs on each tp rank's rows within its ep group (the
+    ranks of one tp coordinate); expert adapters split over ep then get
+    partial gradients, summed over `dp+tp`. An op that mixes tokens outside a region (a mixer kept whole,
     the DSA indexer) reads its inputs gathered (`moe.tp_gather`) and every
     rank computes it; where its result meets a rank's rows it is sliced
     (`moe.tp_slice`). The router's indices are gathered for a split

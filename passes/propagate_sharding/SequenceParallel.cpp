@@ -180,11 +180,19 @@ private:
       for (OpOperand &use : op.getOpOperands()) {
         if (result == Rows::Region && rowsOf(use.get()) == Rows::Region)
           continue; // a region's own values
+        // A region's float inputs come through moe.tp_enter (their gradient is a sum over tp);
+        // a gather would drop the other ranks' parts of the gradient.
+        if (result == Rows::Region && rowsOf(use.get()) == Rows::Shard && moe::isFloatTensor(use.get().getType()))
+          return op.emitOpError("reads operand ")
+                 << use.getOperandNumber() << ", a tp rank's rows, inside a tensor-parallel region without moe.tp_enter";
         if (failed(coerce(use, result == Rows::Shard ? Rows::Shard : Rows::Whole)))
           return failure();
       }
       if (result != Rows::Region)
         noteParams(&op, result);
+      // Each tp rank routes its own rows: the runtime counts every rank's expert loads.
+      if (isa<moe::DispatchOp>(op) && result == Rows::Shard)
+        op.setAttr(moe::kTpRowsAttr, b.getUnitAttr());
       for (Value value : op.getResults())
         if (tokenRows(value))
           rows[value] = result;

@@ -693,7 +693,7 @@ FailureOr<HeadSplitReport> splitAttentionHeads(moe::ModelOp model, int64_t ranks
     splitRegion(Analysis(activation, ranks), activation, "mlp");
   mergeEnters(model);
   mergeExits(model);
-  // The annotations are decided: they do not travel into the plan's kernel attributes.
+  // The annotations are decided (EmitPlan leaves any that stay, with no tp split, out of kernel attributes).
   model.walk([](Operation *op) { op->removeAttr(moe::kTpReplicatedAttr); });
   return report;
 }

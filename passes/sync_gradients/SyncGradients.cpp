@@ -17,9 +17,11 @@ namespace {
 using namespace mlir;
 
 /// Which kinds of parameter gradients running `layer` accumulates: replicated ones (whole
-/// on every tp rank, or partial: read inside a split attention), and ones split over ep.
+/// on every tp rank, or partial: read inside a split attention or on a tp rank's rows), and
+/// ones split over ep (whole on every tp rank, or partial: sequence parallel's expert
+/// exchange of each tp rank's rows).
 struct Accumulates {
-  bool replicated = false, experts = false, tpPartial = false;
+  bool replicated = false, experts = false, tpPartial = false, expertsTpPartial = false;
 };
 
 bool splitOverEp(moe::ParamOp param) {
@@ -27,17 +29,20 @@ bool splitOverEp(moe::ParamOp param) {
                       [](StringAttr axis) { return axis.getValue() == "ep"; });
 }
 
+void accumulate(moe::ParamGradOp grad, Accumulates &out) {
+  auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(grad, grad.getParamAttr());
+  bool partial = param && param->hasAttr(moe::kTpPartialGradAttr);
+  if (param && splitOverEp(param))
+    (partial ? out.expertsTpPartial : out.experts) = true;
+  else if (partial)
+    out.tpPartial = true;
+  else
+    out.replicated = true;
+}
+
 Accumulates accumulatedBy(moe::LayerOp layer) {
   Accumulates out;
-  layer.getBody().walk([&](moe::ParamGradOp grad) {
-    auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(grad, grad.getParamAttr());
-    if (param && splitOverEp(param))
-      out.experts = true;
-    else if (param && param->hasAttr(moe::kTpPartialGradAttr))
-      out.tpPartial = true;
-    else
-      out.replicated = true;
-  });
+  layer.getBody().walk([&](moe::ParamGradOp grad) { accumulate(grad, out); });
   return out;
 }
 
@@ -96,11 +101,13 @@ struct SyncGradientsPass : impl::SyncGradientsPassBase<SyncGradientsPass> {
         b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp"), layer, b.getUnitAttr(), UnitAttr());
       if (what.tpPartial && partialOverRanks)
         b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp+ep+tp"), layer, UnitAttr(), b.getUnitAttr());
+      if (what.expertsTpPartial)
+        b.create<moe::AllReduceGradsOp>(loc, b.getStringAttr("dp+tp"), layer, b.getUnitAttr(), b.getUnitAttr());
     };
     Accumulates modelLevel;
     for (Operation &op : llvm::make_early_inc_range(body)) {
       if (auto grad = dyn_cast<moe::ParamGradOp>(op))
-        modelLevel.replicated = true; // model-level parameters are never split
+        accumulate(grad, modelLevel); // never split; partial when read on a tp rank's rows
       auto apply = dyn_cast<moe::ApplyLayerOp>(op);
       if (!apply)
         continue;

@@ -115,7 +115,9 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
       uint32_t buffer = step.launch().outputs(1);
       size_t n = static_cast<size_t>(executor.buffer(buffer).numel());
       const std::pair<size_t, size_t> &slot = loadSlots.at(step.layer());
-      countsAtStep[s] = {step.layer(), buffer, slot.first + seen[step.layer()]++ * slot.second + epOf(rankIndex) * n, n};
+      bool ownRows = step.launch().attrs().contains("moe.tp_rows");
+      countsAtStep[s] = {step.layer(), buffer, slot.first + seen[step.layer()]++ * slot.second + epOf(rankIndex) * n, n,
+                         ownRows};
     }
   }
   size_t counts = countsTotal;
@@ -395,10 +397,12 @@ absl::StatusOr<float> Trainer::forwardBackward(const Batch &batch) {
   lastLoad.clear();
   lastRankLoad.clear();
   if (copies && countsTotal > 0) { // the same on every rank: the sum below is a collective
-    // tp ranks share their tokens: one of them counts them.
+    // tp ranks share their tokens: one of them counts them (but each counts its own rows).
     if (!countsLoads)
-      if (absl::Status s = executor.device().zero(copies, countsTotal * sizeof(int64_t)); !s.ok())
-        return s;
+      for (const auto &[step, slot] : countsAtStep)
+        if (!slot.ownRows)
+          if (absl::Status s = executor.device().zero(copies + slot.offset, slot.count * sizeof(int64_t)); !s.ok())
+            return s;
     std::vector<int64_t> all(countsTotal);
     // On several ranks, the load of the global batch: every rank's tokens per expert, summed.
     if (world && executor.planProto().ranks_size() > 1)

@@ -109,6 +109,7 @@ private:
     int layer;
     uint32_t buffer;
     size_t offset, count; // in int64 elements
+    bool ownRows = false; // the dispatch routes this tp rank's rows (sequence parallel): every tp rank counts
   };
   /// Values of one buffer kind of every plan tensor (a collective on a pipeline: each
   /// stage's first rank contributes its own, the others zeros).
@@ -128,7 +129,9 @@ private:
   std::map<std::string, std::vector<int64_t>> wholeShapes;
   int rankIndex = 0;
   /// gathering: ranks hold different tensors (pp) or parts (tp); countsTokens: this rank's
-  /// loss and token counts are its data shard's (a pipeline's last stage, tp coordinate 0).
+  /// loss and token counts are its data shard's (a pipeline's last stage; tp coordinate 0, or
+  /// every tp rank with sequence parallel); countsLoads: tp coordinate 0 (the expert loads of
+  /// dispatches of a tp rank's own rows are every rank's).
   bool gathering = false, countsTokens = true, countsLoads = true;
   /// Sequence parallel: tp rank tpIndex of tpSize scores the loss on its rows of the labels.
   bool sequenceParallel = false;

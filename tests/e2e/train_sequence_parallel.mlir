@@ -53,6 +53,24 @@
 // RUN:     --out %t/replicated --steps 4 --nproc 4 2>/dev/null
 // RUN: python3 %inputs/same_losses.py %t/replicated/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
 // RUN:   | FileCheck %s --check-prefix=SAME
+// RUN: python3 %inputs/check_metrics.py %t/replicated/metrics.jsonl 4 128 2 | FileCheck %s --check-prefix=METRICS
+// With ep, each tp rank sends its own rows to the experts' ranks; expert adapters (split over
+// ep) then get partial gradients on each tp rank, summed over dp+tp.
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 --expert-lora \
+// RUN:     --lora-targets q_proj,gate_proj,up_proj,down_proj --mesh tp=2,ep=2 --sequence-parallel \
+// RUN:     -o %t/experts_ep.moeplan 2>/dev/null
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 --expert-lora \
+// RUN:     --lora-targets q_proj,gate_proj,up_proj,down_proj --mesh tp=2,ep=2 --sequence-parallel \
+// RUN:     --emit=mlir 2>/dev/null | FileCheck %s --check-prefix=EP-IR
+// RUN: moec compile %t/config.json --seq-len 32 --micro-batch 2 --lora-rank 4 --expert-lora \
+// RUN:     --lora-targets q_proj,gate_proj,up_proj,down_proj -o %t/experts_single2.moeplan 2>/dev/null
+// RUN: moe-run train --plan %t/experts_ep.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/experts_ep --steps 3 --nproc 4 2>/dev/null
+// RUN: moe-run train --plan %t/experts_single2.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/experts_single2 --steps 3 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/experts_ep/metrics.jsonl %t/experts_single2/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME-EXPERTS
+// RUN: python3 %inputs/check_metrics.py %t/experts_ep/metrics.jsonl 3 64 2 | FileCheck %s --check-prefix=METRICS-EP
 // RUN: moec compile %t/config.json --seq-len 32 --lora-rank 4 --mesh tp=2 --sequence-parallel \
 // RUN:     --emit=report 2>/dev/null | FileCheck %s --check-prefix=REPORT
 // RUN: not moec compile %t/config.json --seq-len 32 --sequence-parallel -o %t/none.moeplan 2>&1 \
@@ -68,6 +86,11 @@
 // METRICS: expert_load: layers 0 1 2 3, experts 8, 256 routed tokens per layer
 // SAME-RANDOM: 3 steps agree within 1e-05
 // SAME-EXPERTS: 3 steps agree within 1e-05
+// METRICS-EP: 3 steps
+// METRICS-EP: expert_load: layers 0 1 2 3, experts 8, 128 routed tokens per layer
+// EP-IR-NOT: moe.tp_gather %{{.*}} : tensor<?x96xf32>
+// EP-IR: moe.ep_route
+// EP-IR: moe.all_reduce_grads {axis = "dp+tp", experts, layer = 3 : i64, tp_partial}
 // REPLICATED: moe.param @self_attn_q_proj "{{[^"]*}}" : tensor<96x96xf32> sharding #moe.sharding<[tp, _]>
 // REPLICATED: moe.param @mlp_experts_gate_proj "{{[^"]*}}" : tensor<8x48x96xf32>{{$}}
 // REPLICATED-NOT: tp_replicated
