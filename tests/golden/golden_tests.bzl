@@ -26,12 +26,12 @@ def align_bf16_test(family, name = None, script = "align_test.sh"):
         script = script,
     )
 
-def mesh_test(family, name, mesh, flags = [], files = []):
+def mesh_test(family, name, mesh, flags = [], files = [], script = "mesh_test.sh"):
     """moe-mesh-check: a golden family on `mesh` (with `flags`) equals one rank."""
     native.sh_test(
         name = "mesh_" + family + "_" + name,
         size = "small",
-        srcs = ["mesh_test.sh"],
+        srcs = [script],
         args = ["$(rootpath :moe-mesh-check)", "$(rootpath @golden//:" + family + "/config.json)",
                 "--mesh", mesh] + flags,
         data = files + [":moe-mesh-check", "@golden//:" + family + "/config.json", "@golden//:files"],

@@ -178,6 +178,7 @@ if [ "$1" = mesh ]; then
         single="$pack/plans/$f.$dtype.fused.moeplan"; [ "$mesh" = pp=2 ] && single="$pack/plans/$f.$dtype.batch4.moeplan"
         if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "${mesh%-*}" \
           --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
+          $([ "$dtype" = bfloat16 ] && echo --f32-plan "${single/.bfloat16./.float32.}") \
           >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
         { echo "===== moe-mesh-check $f $dtype $mesh ($status)"; cat "$out/one.log"; } >>"$out/mesh_check.log"
         summary+=("$(printf '%-62s %-7s %s' "moe-mesh-check $f --dtype $dtype --mesh $mesh" "$status" "$(tail -1 "$out/one.log")")")

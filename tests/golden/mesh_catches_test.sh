@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The bf16 mesh check, with its noise floor (a tensor may be as far from the f32 run as twice
+# one bf16 rank is), still fails a wrong run: the mesh's gradients scaled by 1.1 must not pass.
+# Args: moe-mesh-check, the family's config.json, then moe-mesh-check's flags.
+set -euo pipefail
+status=0
+"$1" "$(dirname "$2")" "${@:3}" --perturb-mesh-grads 1.1 >"${TEST_TMPDIR:-/tmp}/log" 2>&1 || status=$?
+tail -1 "${TEST_TMPDIR:-/tmp}/log"
+if [ "$status" -ne 1 ]; then
+  echo "FAIL: moe-mesh-check exited $status with the mesh's gradients scaled by 1.1 (expected 1: tensors outside tolerance)"
+  exit 1
+fi
+grep -q "FAIL" "${TEST_TMPDIR:-/tmp}/log"
+echo "PASS: the scaled gradients fail the check"
