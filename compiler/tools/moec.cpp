@@ -321,6 +321,10 @@ int runCompile(int argc, char **argv) {
   context.loadDialect<moec::moe::MoeDialect, mlir::func::FuncDialect>();
   mlir::OwningOpRef<mlir::ModuleOp> module;
   if (StringRef(inputPath).ends_with(".mlir")) {
+    // A model.mlir's tensors have their element types already; --dtype picks them at import.
+    if (!dtype.empty())
+      return fail("--dtype " + dtype + " applies when importing a config.json; " + inputPath +
+                  " keeps the element types it has (moec import, then edit them, or compile the config)");
     module = mlir::parseSourceFile<mlir::ModuleOp>(inputPath, &context);
     if (!module)
       return fail(inputPath + ": not a valid moe IR file (see the diagnostics above)");

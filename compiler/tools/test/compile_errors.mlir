@@ -6,6 +6,7 @@
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --recompute sometimes 2>&1 | FileCheck %s --check-prefix=POLICY
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --emit=binary 2>&1 | FileCheck %s --check-prefix=EMIT
 // RUN: not moec compile %s 2>&1 | FileCheck %s --check-prefix=NOMODEL
+// RUN: not moec compile %s --dtype bfloat16 2>&1 | FileCheck %s --check-prefix=MLIR-DTYPE
 // RUN: not moec frobnicate 2>&1 | FileCheck %s --check-prefix=COMMAND
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --seq-len 0 2>&1 | FileCheck %s --check-prefix=SEQ
 //
@@ -18,5 +19,6 @@
 // POLICY: error: moe-build-training-step: recompute must be none, regather or per-layer, got 'sometimes'
 // EMIT: Cannot find option named 'binary'!
 // NOMODEL: moec: error: {{.*}}compile_errors.mlir: no moe.model in the module
+// MLIR-DTYPE: moec: error: --dtype bfloat16 applies when importing a config.json; {{.*}}compile_errors.mlir keeps the element types it has
 // COMMAND: moec: error: unknown command 'frobnicate'
 // SEQ: error: sequence length and micro-batch must be positive, got 0 and 1
