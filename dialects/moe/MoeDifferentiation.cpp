@@ -89,22 +89,26 @@ LogicalResult TpExitOp::buildBackward(OpBuilder &builder, ValueRange resultGrads
   return success();
 }
 
+/// The backward of a gather or a slice of token rows: the other one, on the gradient.
+template <typename Adjoint>
+static LogicalResult rowsBackward(Operation *op, OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                  SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.assign(1, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<Adjoint>(op->getLoc(), resultGrads[0], op->getAttrOfType<StringAttr>("axis"));
+  return success();
+}
+
 LogicalResult TpGatherOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
                                         SmallVectorImpl<Value> &operandGrads) {
   // Every rank computed the same from the gathered rows: its rows' gradient is its slice.
-  operandGrads.assign(1, Value());
-  if (wanted[0] && resultGrads[0])
-    operandGrads[0] = builder.create<TpSliceOp>(getLoc(), resultGrads[0], getAxisAttr());
-  return success();
+  return rowsBackward<TpSliceOp>(*this, builder, resultGrads, wanted, operandGrads);
 }
 
 LogicalResult TpSliceOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
                                        SmallVectorImpl<Value> &operandGrads) {
   // Every rank computed the whole input; each has its rows' gradient: gathered.
-  operandGrads.assign(1, Value());
-  if (wanted[0] && resultGrads[0])
-    operandGrads[0] = builder.create<TpGatherOp>(getLoc(), resultGrads[0], getAxisAttr());
-  return success();
+  return rowsBackward<TpGatherOp>(*this, builder, resultGrads, wanted, operandGrads);
 }
 
 LogicalResult EpSendOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,

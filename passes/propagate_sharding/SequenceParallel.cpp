@@ -74,26 +74,16 @@ private:
       b.setInsertionPointToStart(cast<BlockArgument>(v).getOwner());
   }
 
-  /// `v` (a shard) gathered: one moe.tp_gather per value.
-  Value gathered(Value v) {
-    auto [it, inserted] = gathers.try_emplace(v, Value());
+  /// `v` moved to rows `to` by one `Op` per value (moe.tp_gather: a shard made whole;
+  /// moe.tp_slice: a whole value cut to this rank's rows), right after its definition.
+  template <typename Op>
+  Value moved(Value v, llvm::DenseMap<Value, Value> &cache, Rows to) {
+    auto [it, inserted] = cache.try_emplace(v, Value());
     if (inserted) {
       OpBuilder::InsertionGuard guard(b);
       insertAfter(v);
-      it->second = b.create<moe::TpGatherOp>(v.getLoc(), v, tp).getResult();
-      rows[it->second] = Rows::Whole;
-    }
-    return it->second;
-  }
-
-  /// `v` (whole) cut to this rank's rows: one moe.tp_slice per value.
-  Value sliced(Value v) {
-    auto [it, inserted] = slices.try_emplace(v, Value());
-    if (inserted) {
-      OpBuilder::InsertionGuard guard(b);
-      insertAfter(v);
-      it->second = b.create<moe::TpSliceOp>(v.getLoc(), v, tp).getResult();
-      rows[it->second] = Rows::Shard;
+      it->second = b.create<Op>(v.getLoc(), v, tp).getResult();
+      rows[it->second] = to;
     }
     return it->second;
   }
@@ -106,7 +96,8 @@ private:
     if (have == Rows::Region)
       return use.getOwner()->emitOpError("reads operand ")
              << use.getOperandNumber() << " from inside a tensor-parallel region without its moe.tp_exit";
-    use.set(want == Rows::Shard ? sliced(use.get()) : gathered(use.get()));
+    use.set(want == Rows::Shard ? moved<moe::TpSliceOp>(use.get(), slices, Rows::Shard)
+                                : moved<moe::TpGatherOp>(use.get(), gathers, Rows::Whole));
     return success();
   }
 
