@@ -62,8 +62,11 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     Expert MLPs not split over ep split their intermediate features (up and
     gate by rows, down by columns of each expert). Dispatch and combine are
     linear in the tokens, so `moe.tp_enter` goes before the `moe.dispatch`
-    and `moe.tp_exit` after the `moe.combine` (whose router weights enter
-    too: their gradient from partial outputs is partial): the all-reduces
+    and `moe.tp_exit` after the `moe.combine` (the router, when it serves
+    only them, reads the entered tokens: its weights' gradient from the
+    partial outputs is partial, and reaches the tokens' gradient through the
+    router's backward, summed over tp by the same enter; otherwise its
+    weights enter on their own): the all-reduces
     carry a row per token, not a row per expert copy (on bf16 data the
     partial outputs and the combine are f32 and the exit rounds their sum
     once, where one GPU rounds its combine's output).
@@ -113,8 +116,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     partial gradients, summed over `dp+tp`. An op that mixes tokens outside a region (a mixer kept whole,
     the DSA indexer) reads its inputs gathered (`moe.tp_gather`) and every
     rank computes it; where its result meets a rank's rows it is sliced
-    (`moe.tp_slice`). The router's indices are gathered for a split
-    region's dispatch, the embedding's output is sliced and `@forward`'s
+    (`moe.tp_slice`). A router outside the experts' region runs on a
+    rank's rows and its indices are gathered for the region's dispatch; the
+    embedding's output is sliced and `@forward`'s
     logits gathered; `--moe-build-training-step` then scores each rank's
     rows against its rows of the labels, shifted first (`moe.shift_labels`).
     Trainable parameters read on a rank's rows get `moe.tp_partial_grad`.

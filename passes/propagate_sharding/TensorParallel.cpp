@@ -529,18 +529,35 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
   // enter before the dispatch and the partial outputs leave after the combine, so both
   // all-reduces (the exit's forward, the enter's backward) carry [tokens, features] instead of
   // top-k copies of every token. The combine's weights then enter too: their gradient from a
-  // rank's partial outputs is partial.
+  // rank's partial outputs is partial. Where the router reads the dispatched tokens and serves
+  // only this dispatch and combine, it reads the entered tokens instead: every rank routes
+  // every token the same way (a small product), its weights need no entry of their own, and
+  // their partial gradient reaches the tokens' gradient through the router's backward, summed
+  // over tp with the dispatch's by the one enter (a collective fewer each way).
   auto dispatch = mlp.getTokens().getDefiningOp<moe::DispatchOp>();
-  if (dispatch && mlp.getTokens().hasOneUse()) {
+  auto combine = mlp.getResult().hasOneUse() ? dyn_cast<moe::CombineOp>(*mlp->user_begin()) : moe::CombineOp();
+  auto router = combine ? combine.getWeights().getDefiningOp<moe::RouterOp>() : moe::RouterOp();
+  bool tokensOnly = dispatch && mlp.getTokens().hasOneUse();
+  auto onlyFor = [&](Value v, std::initializer_list<Operation *> users) {
+    return llvm::all_of(v.getUsers(), [&](Operation *user) { return llvm::is_contained(users, user); });
+  };
+  bool routeInside = tokensOnly && router && router.getInput() == dispatch.getInput() &&
+                     router.getIndices() == dispatch.getIndices() && combine.getIndices() == router.getIndices() &&
+                     onlyFor(router.getWeights(), {combine}) && onlyFor(router.getIndices(), {dispatch, combine});
+  if (routeInside) {
+    b.setInsertionPoint(router);
+    auto enter = b.create<moe::TpEnterOp>(because, dispatch.getInput(), tp);
+    router.getInputMutable().assign(enter);
+    dispatch.getInputMutable().assign(enter);
+  } else if (tokensOnly) {
     b.setInsertionPoint(dispatch);
     dispatch.getInputMutable().assign(b.create<moe::TpEnterOp>(because, dispatch.getInput(), tp));
   } else {
     b.setInsertionPoint(mlp);
     mlp.getTokensMutable().assign(b.create<moe::TpEnterOp>(because, mlp.getTokens(), tp));
   }
-  auto combine = mlp.getResult().hasOneUse() ? dyn_cast<moe::CombineOp>(*mlp->user_begin()) : moe::CombineOp();
   Operation *partial = combine ? combine.getOperation() : mlp.getOperation();
-  if (combine) {
+  if (combine && !routeInside) {
     b.setInsertionPoint(combine);
     combine.getWeightsMutable().assign(b.create<moe::TpEnterOp>(because, combine.getWeights(), tp));
   }

@@ -78,12 +78,13 @@
 // TP-NEXT: moe.param @down {{.*}} : tensor<4x16x8xf32> sharding #moe.sharding<[_, _, tp]>
 // The tokens enter before the dispatch and the partial sums leave after the combine (both are
 // linear in the tokens: the all-reduces carry one row per token, not one per expert copy); the
-// combine's weights enter too (their gradient from partial outputs is partial).
+// router reads the entered tokens (its weights' partial gradient reaches theirs through its
+// backward: no entry of their own).
 // TP: %[[IN:.*]] = moe.tp_enter %{{.*}} {axis = "tp"} : tensor<?x16xf32>
+// TP-NEXT: %weights, %indices = moe.router %[[IN]],
 // TP-NEXT: %tokens, %counts = moe.dispatch %[[IN]], %indices
 // TP: %[[Y:.*]] = moe.expert_mlp %tokens, %counts, up %{{.*}}, down %{{.*}} {{.*}} : (tensor<?x16xf32>, tensor<4xi64>, tensor<4x4x16xf32>, tensor<4x16x4xf32>) -> tensor<?x16xf32>
-// TP-NEXT: %[[W:.*]] = moe.tp_enter %weights {axis = "tp"} : tensor<?x2xf32>
-// TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %[[W]]
+// TP-NEXT: %[[C:.*]] = moe.combine %[[Y]], %indices, %weights
 // TP-NEXT: moe.tp_exit %[[C]] {axis = "tp"} : tensor<?x16xf32> -> tensor<?x16xf32>
 // TP3: error: --moe-propagate-sharding: tp = 3 splits attention heads (moe.attention, moe.mla, moe.sparse_attention, moe.kda, moe.gated_delta_net, moe.mamba2), dense MLPs and expert MLPs, and @block (experts) cannot: its intermediate size does not split over tp;
 

@@ -1,7 +1,7 @@
 // Sequence parallel (tp = 2): between the split regions each tp rank holds its rows of the
 // hidden states. The attention's and the experts' inputs are gathered (tp_enter with rows: an
 // all-gather), their partial sums leave through a reduce-scatter (tp_exit with rows), the
-// router runs on the rank's rows and its indices are gathered for the dispatch, the embedding
+// router runs on the gathered rows inside the experts' region, the embedding
 // is sliced and @forward's logits gathered. The training step scores the rank's rows against
 // its rows of the labels, shifted first.
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2 sequence-parallel=true}))' | FileCheck %s
@@ -21,12 +21,10 @@
 // CHECK: %[[ATTN:.*]] = moe.tp_exit %{{.*}} {axis = "tp", rows}
 // CHECK: %[[H:.*]] = moe.add %arg0, %[[ATTN]]
 // CHECK: %[[NORM2:.*]] = moe.rms_norm %[[H]]
-// CHECK: %weights, %indices = moe.router %[[NORM2]]
-// CHECK: %[[IDX:.*]] = moe.tp_gather %indices {axis = "tp"} : tensor<?x2xi32>
 // CHECK: %[[TOKENS:.*]] = moe.tp_enter %[[NORM2]] {axis = "tp", rows}
-// CHECK: moe.dispatch %[[TOKENS]], %[[IDX]]
-// CHECK: %[[W:.*]] = moe.tp_enter %weights {axis = "tp", rows}
-// CHECK: moe.combine %{{.*}}, %[[IDX]], %[[W]]
+// CHECK: %weights, %indices = moe.router %[[TOKENS]]
+// CHECK: moe.dispatch %[[TOKENS]], %indices
+// CHECK: moe.combine %{{.*}}, %indices, %weights
 // CHECK: %[[MOE:.*]] = moe.tp_exit %{{.*}} {axis = "tp", rows}
 // CHECK: %[[OUT:.*]] = moe.add %[[H]], %[[MOE]]
 // CHECK: moe.yield %[[OUT]]
