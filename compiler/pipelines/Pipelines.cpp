@@ -30,8 +30,9 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
   step.weightDecay = options.weightDecay;
   step.maxGradNorm = options.maxGradNorm;
   // On a mesh: the forward's collectives before the step differentiates through them, the
-  // gradient sums after.
-  if (!options.mesh.empty()) {
+  // gradient sums after. Tensor-parallel options without a mesh reach the pass, which refuses
+  // them (one rank has no tp).
+  if (!options.mesh.empty() || options.sequenceParallel || !options.tpReplicate.empty()) {
     passes::PropagateShardingPassOptions sharding;
     sharding.mesh = options.mesh;
     sharding.epExchange = options.epExchange;

@@ -11,6 +11,7 @@
 // partial gradient, o's, on every row, the whole one.
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=4 sequence-parallel=true}))' 2>/dev/null | FileCheck %s --check-prefix=WHOLE
 // RUN: not moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=2 sequence-parallel=true}))' 2>&1 | FileCheck %s --check-prefix=NO-TP
+// RUN: not moe-opt %inputs/gqa.mlir --moe-lora-training='seq-len=8 sequence-parallel=true' 2>&1 | FileCheck %s --check-prefix=NO-MESH
 
 // CHECK: moe.model @Qwen3MoeForCausalLM attributes {{{.*}}sequence_parallel
 // CHECK-LABEL: moe.layer @gqa_moe(
@@ -54,3 +55,4 @@
 // WHOLE: moe.add %arg0, %[[ROWS]]
 
 // NO-TP: error: --moe-propagate-sharding: sequence-parallel needs tp > 1 (it splits the tokens over tp); mesh dp=2
+// NO-MESH: error: --moe-propagate-sharding: sequence-parallel needs tp > 1 (it splits the tokens over tp); mesh dp=1
