@@ -19,7 +19,8 @@
 // steps; exits 1 if any differs by more than relative 1e-4 (2e-2 in bf16; --tolerance; in bf16
 // a tensor beyond it passes if the mesh is no farther from one f32 rank's run (compiled here,
 // or --f32-plan) than twice the bf16 rank is: the bf16 noise of that tensor), --perturb-mesh-grads F scales the mesh's
-// gradients before the comparison (the test that the check still fails a wrong run),
+// gradients before the comparison (the test that the check still fails a wrong run); a note
+// names each MoE layer whose step-1 expert loads differ from one rank's (routing flipped),
 // or if the ranks' parameters differ from each other at all. --fused-expert-backward compiles
 // both plans with moec's flag of that name. --recompute compiles
 // the mesh plan with that policy (moec --recompute; the single rank saves
@@ -71,6 +72,7 @@ using Tensors = std::map<std::string, std::vector<float>>;
 struct Run {
   std::vector<float> losses;
   Tensors grads, after;
+  std::map<int, std::vector<int64_t>> firstLoads; // tokens per expert of step 1, per MoE layer
   absl::Status status;
 };
 
@@ -145,8 +147,11 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
         return fail(grads.status());
       run.grads = std::move(*grads);
     }
-    if (auto stepped = trainer.optimizerStep(); !stepped.ok())
+    auto stepped = trainer.optimizerStep();
+    if (!stepped.ok())
       return fail(stepped.status());
+    if (step == 0)
+      run.firstLoads = stepped->expertLoad;
   }
   auto after = trainer.adapter();
   if (!after.ok())
@@ -381,6 +386,18 @@ int main(int argc, char **argv) {
       std::printf("rank %d's parameters or losses differ from rank 0's  FAIL\n", r);
       ++compare.failures;
     }
+  // Where the runs differ, whether a token chose other experts tells rounding from routing.
+  for (const auto &[layer, load] : reference.firstLoads) {
+    auto mine = ranks[0].firstLoads.find(layer);
+    if (mine == ranks[0].firstLoads.end() || mine->second == load)
+      continue;
+    int64_t moved = 0;
+    for (size_t e = 0; e < load.size() && e < mine->second.size(); ++e)
+      moved += std::abs(mine->second[e] - load[e]);
+    std::printf("note: layer %d's step-1 expert loads differ from one rank's (%lld expert choices moved): "
+                "routing decisions flipped\n",
+                layer, static_cast<long long>(moved / 2));
+  }
   std::printf("%s: %d of %d tensors of the %s run within %.0e of one rank\n", dir.c_str(),
               compare.lines - compare.failures, compare.lines, mesh.str().c_str(), tolerance);
   return compare.failures ? 1 : 0;
