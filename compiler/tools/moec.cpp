@@ -393,6 +393,12 @@ int runCompile(int argc, char **argv) {
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
+  // The simulated report starts from the single-rank program: no tensor-parallel options there
+  // (the stages' own plans below take them).
+  if (meshReport) {
+    options.sequenceParallel = false;
+    options.tpReplicate.clear();
+  }
   moec::pipelines::buildLoRATrainingPipeline(pm, options);
   if (failed(pm.run(*module)))
     return fail("compiling " + inputPath + " failed (see the diagnostics above)");
@@ -444,6 +450,8 @@ int runCompile(int argc, char **argv) {
   }
   if (planned) {
     options.mesh = mesh.str();
+    options.sequenceParallel = sequenceParallel;
+    options.tpReplicate = tpReplicate;
     mlir::PassManager meshPm(&context);
     moec::pipelines::buildLoRATrainingPipeline(meshPm, options);
     moec::moe::ModelOp meshModel = theModel(*planned);
