@@ -257,6 +257,8 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
       }
     for (plan::WeightBinding &binding : *each->mutable_weights()) {
       const ProgramBuffer &buffer = mine.buffers[binding.buffer()];
+      if (buffer.tpFirstRank && shape.coordinate(r, "tp") != 0)
+        binding.set_zeros(true);
       if (buffer.tpDim >= 0) {
         // One checkpoint tensor per expert ("{expert}" names): the window within each.
         int first = StringRef(buffer.tensor).contains("{expert}") ? 1 : 0;

@@ -313,6 +313,7 @@ private:
         program.buffers[id].tpDim = static_cast<int>(d);
     }
     program.buffers[id].tpPartialGrad = param->hasAttr(moe::kTpPartialGradAttr);
+    program.buffers[id].tpFirstRank = param->hasAttr(moe::kTpFirstRankAttr);
     if (auto pieces = param->getAttrOfType<DenseI64ArrayAttr>(moe::kTpPiecesAttr))
       program.buffers[id].tpPieces.assign(pieces.asArrayRef().begin(), pieces.asArrayRef().end());
     if (trainable) {

@@ -50,6 +50,9 @@ struct ProgramBuffer {
   /// Split over tp with its tpDim stacking parts that split separately (moe.tp_pieces): the
   /// parts' whole extents; a rank's buffer holds its share of each, in order.
   std::vector<int64_t> tpPieces;
+  /// A frozen bias of a tp-split projection's partial sums (moe.tp_first_rank): tp coordinate 0
+  /// binds the tensor, the other tp ranks zeros, so the sum over tp adds it once.
+  bool tpFirstRank = false;
   /// An expert route's received indices: room for this many times the rows expected (any
   /// rank may send it all its tokens); FLOP counts of the buffers that follow it
   /// (receivedRowsOf) use the expected ones.

@@ -42,6 +42,10 @@ constexpr llvm::StringLiteral kEpRowsAttr = "moe.ep_rows";
 /// split dimension stacks parts that split separately (Gated DeltaNet's convolution over q, k
 /// and v): the parts' whole extents, in order. A rank holds its share of each part, in order.
 constexpr llvm::StringLiteral kTpPiecesAttr = "moe.tp_pieces";
+/// The discardable attribute --moe-propagate-sharding puts on the frozen bias of a projection
+/// whose output is a partial sum over tp (an attention's output projection): only tp rank 0
+/// holds it (the others zeros), so the sum adds it once.
+constexpr llvm::StringLiteral kTpFirstRankAttr = "moe.tp_first_rank";
 /// A user's annotation on a tensor-parallel region's centre op (moe.attention, moe.mla,
 /// moe.sparse_attention, moe.kda, moe.gated_delta_net, moe.mamba2, an MLP's moe.glu or
 /// moe.activation, moe.expert_mlp): --moe-propagate-sharding keeps it whole on every tp rank

@@ -70,6 +70,10 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     carry a row per token, not a row per expert copy (on bf16 data the
     partial outputs and the combine are f32 and the exit rounds their sum
     once, where one GPU rounds its combine's output).
+    Projection biases split with their outputs (q, k, v); an output
+    projection's bias is held by tp rank 0 alone (`moe.tp_first_rank`: the
+    other ranks bind zeros), so the sum over tp adds it once; attention
+    sinks split with their heads (gpt-oss).
     Latent attention (`moe.mla`, DSA's `moe.sparse_attention`) splits its
     heads likewise: query and key_value projections by rows, the output
     projection by columns; the rotated key part, shared by every head,

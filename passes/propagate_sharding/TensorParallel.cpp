@@ -2,13 +2,13 @@
 //
 // The sharding rules, per op, of a split attention (value states: replicated, split along
 // the feature dimension by heads, or a partial sum over the tp ranks):
-//   linear(x replicated, W [out, in] split on out)  -> split
+//   linear(x replicated, W [out, in] split on out)  -> split   (its bias split likewise)
 //   lora(x replicated, A, B split on out)           -> split   (A's gradient: partial)
 //   rms_norm per head, rope, add of splits          -> split
 //   split into groups per head (query and gate)     -> split   (groups / tp)
-//   attention(q, k, v split)                        -> split   (heads / tp each)
+//   attention(q, k, v split; sinks split)           -> split   (heads / tp each)
 //   sigmoid_gate(x split, g split)                  -> split   (an output gate)
-//   linear(x split, W split on in)                  -> partial
+//   linear(x split, W split on in, bias b)          -> partial (b held by tp rank 0 alone)
 //   lora(x split, A split on in, B)                 -> partial (B's gradient: partial)
 //   add of partials                                 -> partial
 // A replicated value enters through moe.tp_enter (its gradient is summed over tp) and a
@@ -80,6 +80,7 @@ struct HeadSplit {
   };
   llvm::SmallVector<Split> splits; // weight reads split along a dim
   llvm::SetVector<moe::WeightOp> partialGrads; // replicated weights read by split/partial work
+  llvm::SetVector<moe::WeightOp> firstRankBiases; // biases of partial sums: tp rank 0 adds them
   llvm::SetVector<Value> partials;       // partial sums after the attention
   llvm::SetVector<Value> exits;          // partial sums read where the sum is needed
 };
@@ -195,8 +196,9 @@ public:
         return "its " + std::to_string(attention.getNumHeads()) + " heads and " +
                std::to_string(attention.getNumKvHeads()) + " key/value heads do not split over tp = " +
                std::to_string(ranks);
-      if (attention.getSinks())
-        return "it has attention sinks";
+      // Sinks: one logit per head, split with the heads.
+      if (Value sinks = attention.getSinks(); sinks && !addWeight(sinks, 0))
+        return why;
       for (Value operand : {attention.getQuery(), attention.getKey(), attention.getValue()})
         if (!intoRegion(operand))
           return why;
@@ -230,9 +232,7 @@ public:
         if (plan.gates.contains(user))
           continue;
       if (auto linear = dyn_cast<moe::LinearOp>(user)) {
-        if (linear.getBias())
-          return "its output projection has a bias";
-        if (!addWeight(linear.getWeight(), 1))
+        if (!addWeight(linear.getWeight(), 1) || (linear.getBias() && !addFirstRankBias(linear.getBias())))
           return why;
         plan.partials.insert(linear.getResult());
       } else if (auto lora = dyn_cast<moe::LoRAOp>(user)) {
@@ -291,6 +291,19 @@ private:
     return true;
   }
 
+  /// The bias of a projection whose output is a partial sum: added by tp rank 0 only.
+  bool addFirstRankBias(Value read) {
+    auto weight = read.getDefiningOp<moe::WeightOp>();
+    auto param = weight ? SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
+                        : moe::ParamOp();
+    if (!param)
+      return fail("an output projection's bias is not a moe.weight");
+    if (param.getTrainable())
+      return fail("an output projection's bias is trainable (each tp rank would add it)");
+    plan.firstRankBiases.insert(weight);
+    return true;
+  }
+
   bool addPartialGrad(Value read) {
     auto weight = read.getDefiningOp<moe::WeightOp>();
     if (!weight)
@@ -327,9 +340,8 @@ private:
       if (!intoRegion(parts.getInput()))
         return false;
     } else if (auto linear = dyn_cast<moe::LinearOp>(def)) {
-      if (linear.getBias())
-        return fail("a " + inputsName + " projection has a bias");
-      if (!addWeight(linear.getWeight(), 0))
+      // A bias splits with its projection's outputs.
+      if (!addWeight(linear.getWeight(), 0) || (linear.getBias() && !addWeight(linear.getBias(), 0)))
         return false;
       plan.inputs.insert(linear.getInput());
     } else if (auto lora = dyn_cast<moe::LoRAOp>(def)) {
@@ -395,6 +407,9 @@ void apply(HeadSplit &plan, int64_t ranks) {
     if (param.getTrainable())
       param->setAttr(moe::kTpPartialGradAttr, b.getUnitAttr());
   }
+  for (moe::WeightOp weight : plan.firstRankBiases)
+    SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
+        ->setAttr(moe::kTpFirstRankAttr, b.getUnitAttr());
   for (Operation *op : plan.region) { // inputs before users: the walk inserted them in that order
     for (Value result : op->getResults())
       result.setType(splitFeatures(result.getType(), ranks));

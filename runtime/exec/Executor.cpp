@@ -275,6 +275,11 @@ absl::Status Executor::bindWeights(weights::Checkpoint &checkpoint) {
   std::vector<uint8_t> staging;
   for (const plan::WeightBinding &binding : rankProto->weights()) {
     const plan::Buffer &b = rankProto->buffers(static_cast<int>(binding.buffer()));
+    if (binding.zeros()) { // another tp rank adds this bias
+      if (absl::Status s = dev->zero(buffer(binding.buffer()).data, static_cast<size_t>(b.size_bytes())); !s.ok())
+        return s;
+      continue;
+    }
     std::optional<weights::DType> dtype = weightsDType(b.dtype());
     if (!dtype)
       return absl::InvalidArgumentError(absl::StrCat("buffer '", b.name(), "' has an unsupported dtype"));

@@ -145,6 +145,8 @@ std::string bindingText(const WeightBinding &binding) {
                                     absl::StrAppend(out, range.start(), "+", range.size());
                                   }),
                     "]");
+  if (binding.zeros())
+    absl::StrAppend(&text, " zeros");
   if (binding.experts_size() > 0)
     absl::StrAppend(&text, " experts=", absl::StrJoin(binding.experts(), ","));
   else if (binding.first_expert() != 0 || absl::StrContains(binding.tensor(), "{expert}"))

@@ -562,6 +562,8 @@ private:
         problems.add(at, "experts lists ", binding.experts_size(), " experts for ", bufferRef(id, buffer),
                      " of shape ", shapeToString(buffer.shape()), ", expected one per row of its leading dimension");
 
+      if (binding.zeros() && (hasExpert || placed || binding.slice().dims_size() > 0 || binding.pieces_size() > 0))
+        problems.add(at, "zeros binds no tensor: it takes no slice, pieces, {expert} or experts");
       // Pieces: windows of the whole tensor that fill the buffer along its leading dimension.
       if (binding.pieces_size() > 0) {
         if (hasExpert || placed || binding.slice().dims_size() > 0 || buffer.shape_size() == 0 ||

@@ -553,6 +553,17 @@ TEST_F(PlanValidatorTest, PiecesFillTheBufferFromTheWholeTensor) {
   EXPECT_THAT(messageOf(plan), HasSubstr("pieces need a buffer of rank >= 1 with whole_shape of its rank, and no slice"));
 }
 
+// A tp rank other than 0 binds the bias of a partial sum as zeros: no tensor window with it.
+TEST_F(PlanValidatorTest, ZerosBindNoWindow) {
+  WeightBinding *binding = rank0().mutable_weights(0); // buffer [32, 64]
+  binding->clear_slice();
+  binding->set_zeros(true);
+  EXPECT_EQ(messageOf(plan), "OK");
+  binding->mutable_slice()->add_dims()->set_size(32);
+  binding->mutable_slice()->add_dims()->set_size(64);
+  EXPECT_THAT(messageOf(plan), HasSubstr("zeros binds no tensor: it takes no slice, pieces, {expert} or experts"));
+}
+
 TEST_F(PlanValidatorTest, ExpertSliceSkipsTheExpertDimension) {
   Slice *slice = rank0().mutable_weights(1)->mutable_slice();
   for (int64_t size : {16, 64}) {

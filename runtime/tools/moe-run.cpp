@@ -133,6 +133,14 @@ absl::Status randomWeights(Session &session, uint64_t seed, double initializerRa
   const moec::plan::Rank &rank = session.plan.ranks(session.rank);
   for (const moec::plan::WeightBinding &binding : rank.weights()) {
     std::string name = binding.tensor();
+    if (binding.zeros()) { // another tp rank adds this bias
+      const moec::plan::Buffer &buffer = rank.buffers(static_cast<int>(binding.buffer()));
+      if (absl::Status s = session.executor->device().zero(session.executor->buffer(binding.buffer()).data,
+                                                           static_cast<size_t>(buffer.size_bytes()));
+          !s.ok())
+        return s;
+      continue;
+    }
     google::protobuf::Map<std::string, moec::plan::Attr> attrs;
     const char *kinds[] = {"normal", "zeros", "ones", "a_log", "dt_bias"};
     attrs["kind"].set_s(kinds[static_cast<int>(init::initKindFor(name, session.plan.model_type()))]);
