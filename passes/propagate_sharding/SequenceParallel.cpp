@@ -7,14 +7,17 @@
 // The rules, per op:
 //   tp_enter(shard)                 -> region  (rows: all-gather; backward reduce-scatter)
 //   tp_exit(region)                 -> shard   (rows: reduce-scatter; backward all-gather)
-//   tokenwise op (Moe_Tokenwise), with a region operand -> region (shard operands gathered)
+//   tokenwise op (Moe_Tokenwise), with a region operand -> region (shard operands gathered:
+//                                      integers only; a float enters through tp_enter, whose
+//                                      backward sums its gradient over tp)
 //   tokenwise op, with a shard operand                  -> shard  (whole operands sliced)
 //   any other op (it mixes tokens)  -> region with a region operand, else whole; its shard
 //                                      operands gathered (moe.tp_gather)
 //   layer arguments: the hidden states (the first) are a shard, the rest whole; what a layer
 //   yields is a shard; @forward returns whole logits (gathered).
 // A trainable parameter read by a tokenwise op on shards gets a partial gradient on each rank
-// (moe.tp_partial_grad: summed over tp); one read by whole work gets the whole gradient.
+// (moe.tp_partial_grad: summed over tp); one read by whole work gets the whole gradient. A
+// dispatch of a rank's rows is marked moe.tp_rows: its expert loads are that rank's own.
 //
 //===----------------------------------------------------------------------===//
 
