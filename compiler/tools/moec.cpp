@@ -32,6 +32,7 @@
 #include "llvm/Support/WithColor.h"
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
@@ -319,6 +320,15 @@ int runCompile(int argc, char **argv) {
 
   mlir::MLIRContext context;
   context.loadDialect<moec::moe::MoeDialect, mlir::func::FuncDialect>();
+  // The passes' warnings and remarks (a region tensor parallel keeps whole, and why) reach the
+  // user; MLIR's default handler prints errors only, which go on to it unchanged.
+  mlir::ScopedDiagnosticHandler passNotes(&context, [](mlir::Diagnostic &diag) {
+    if (diag.getSeverity() == mlir::DiagnosticSeverity::Error)
+      return mlir::failure();
+    errs() << "moec: " << (diag.getSeverity() == mlir::DiagnosticSeverity::Warning ? "warning: " : "note: ")
+           << diag.str() << "\n";
+    return mlir::success();
+  });
   mlir::OwningOpRef<mlir::ModuleOp> module;
   if (StringRef(inputPath).ends_with(".mlir")) {
     // A model.mlir's tensors have their element types already; --dtype picks them at import.

@@ -32,6 +32,7 @@
 // RUN:     --adapter %t/single/adapter > %t/single_forward
 // RUN: diff %t/tp_forward %t/single_forward
 
+// COMPILE: moec: warning: --moe-propagate-sharding: tp = 2 keeps @gqa_sliding_moe (experts) whole on every tp rank: it has biases
 // COMPILE: moec: wrote {{.*}}tp.moeplan ({{[0-9]+}} steps, {{[0-9]+}} buffers per rank, 2 ranks)
 // BIND: rank 0
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.q_proj.bias" slice [0+32]
