@@ -564,6 +564,12 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
     auto enter = b.create<moe::TpEnterOp>(because, dispatch.getInput(), tp);
     router.getInputMutable().assign(enter);
     dispatch.getInputMutable().assign(enter);
+    // A trainable gate (or logit bias) now gets each rank's partial gradient: summed over tp.
+    for (Value read : {router.getWeight(), router.getLogitBias()})
+      if (auto weight = read ? read.getDefiningOp<moe::WeightOp>() : moe::WeightOp())
+        if (auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
+            param && param.getTrainable())
+          param->setAttr(moe::kTpPartialGradAttr, b.getUnitAttr());
   } else if (tokensOnly) {
     b.setInsertionPoint(dispatch);
     dispatch.getInputMutable().assign(b.create<moe::TpEnterOp>(because, dispatch.getInput(), tp));
