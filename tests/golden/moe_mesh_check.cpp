@@ -293,8 +293,12 @@ int main(int argc, char **argv) {
       compile("mesh.moeplan", batch / shards / microBatches, mesh.str(), microBatches, dtype);
   // bf16: one rank in f32 too, the exact run both bf16 runs approximate (not with given plans).
   std::optional<absl::StatusOr<plan::Plan>> exact;
-  if (dtype == "bfloat16" && !exactPath.empty())
+  if (dtype == "bfloat16" && !exactPath.empty()) {
     exact = plan::loadPlan(exactPath);
+    if (exact->ok() && (*exact)->micro_batch() != batch)
+      exact = absl::InvalidArgumentError(absl::StrCat(exactPath, " has micro-batch ", (*exact)->micro_batch(),
+                                                      "; this check needs ", batch));
+  }
   else if (dtype == "bfloat16" && singlePath.empty())
     exact = compile("exact.moeplan", batch, "", 1, "float32");
   std::filesystem::remove_all(tempDir);
