@@ -616,7 +616,7 @@ int runTrain(Args &args, const RankSetup &setup) {
     return 130;
   }
   if (absl::Status s = exportAdapter(out + "/adapter", session, lead); !s.ok())
-    return fail(std::string(s.message()));
+    return fail(std::string(s.message()) + " (the trained parameters are in " + checkpointPath + ")");
   if (!lead)
     return 0;
   std::cerr << "moe-run: trained " << session.trainer->step() << " steps\n"

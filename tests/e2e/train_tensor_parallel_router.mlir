@@ -30,5 +30,5 @@
 // IR: moe.router %[[TOKENS:[0-9]+]]
 // IR-SAME: : (tensor<?x96xf32>, tensor<8x96xf32>)
 // EXPORT: step 4/4
-// EXPORT: PEFT names start with "base_model.model."
+// EXPORT: PEFT names start with "base_model.model." (the trained parameters are in {{.*}}checkpoint.safetensors)
 // SAME: 4 steps agree within 1e-05
