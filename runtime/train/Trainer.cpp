@@ -43,11 +43,11 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   gathering = pp > 1 || tp > 1;
   for (const plan::LoraTensor &t : plan.lora().tensors())
     gathering |= t.split_axis() == "ep"; // expert adapters split over ep
-  countsLoads = tpOf(rankIndex) == 0;
-  // Sequence parallel: each tp rank scores the loss on its rows, so each counts its tokens.
-  sequenceParallel = plan.mesh().sequence_parallel() && tp > 1;
   tpIndex = tpOf(rankIndex);
   tpSize = tp;
+  countsLoads = tpIndex == 0;
+  // Sequence parallel: each tp rank scores the loss on its rows, so each counts its tokens.
+  sequenceParallel = plan.mesh().sequence_parallel() && tp > 1;
   countsTokens = stage == pp - 1 && (countsLoads || sequenceParallel);
   microBatches = std::max<int64_t>(1, plan.micro_batches());
   for (const plan::LoraTensor &t : plan.lora().tensors()) {
