@@ -127,7 +127,8 @@ plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::s
       b->set_received_rows_of(static_cast<uint32_t>(buffer.receivedRowsOf) + 1);
       b->set_received_copies(buffer.receivedCopies);
     }
-    if (buffer.role == plan::WEIGHT) {
+    // A checkpoint weight trained in full starts from the checkpoint, as a frozen one does.
+    if (buffer.role == plan::WEIGHT || (buffer.role == plan::LORA_PARAM && !moe::isAdapterTensorName(buffer.tensor))) {
       plan::WeightBinding *binding = rank.add_weights();
       binding->set_buffer(static_cast<uint32_t>(id));
       binding->set_tensor(buffer.tensor);
@@ -370,7 +371,8 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
       int64_t parts = buffer.tpDim >= 0 ? shape.tp : buffer.expertSplit ? shape.ep : 1;
       for (int64_t part = 0; part < parts; ++part) {
         plan::LoraTensor *tensor = lora->add_tensors();
-        tensor->set_peft_name(buffer.tensor);
+        tensor->set_peft_name(moe::isAdapterTensorName(buffer.tensor) ? buffer.tensor
+                                                                      : moe::kPeftNamePrefix.str() + buffer.tensor);
         tensor->set_rank(static_cast<int32_t>(firstRank(static_cast<int64_t>(stage), *axis ? axis : "tp", part)));
         tensor->set_param(static_cast<uint32_t>(id));
         tensor->set_grad(buffer.grad);

@@ -352,11 +352,15 @@ int runCompile(int argc, char **argv) {
       return 1;
 
   moec::pipelines::LoRATrainingOptions options;
-  bool hasTrainable = false;
-  model.walk([&](moec::moe::ParamOp param) { hasTrainable |= param.getTrainable(); });
+  // A model.mlir that holds adapters already (an earlier --emit=mlir) gets no default targets;
+  // checkpoint weights marked trainable train next to the default adapters.
+  bool hasAdapters = false;
+  model.walk([&](moec::moe::ParamOp param) {
+    hasAdapters |= param.getTrainable() && moec::moe::isAdapterTensorName(param.getTensorName());
+  });
   if (!loraTargets.empty())
     options.loraTargets = loraTargets;
-  else if (!hasTrainable && adapter.empty())
+  else if (!hasAdapters && adapter.empty())
     options.loraTargets = {"all-linear"};
   options.adapterConfig = adapter;
   options.expertLora = expertLora;

@@ -60,6 +60,12 @@ constexpr llvm::StringLiteral kTpRowsAttr = "moe.tp_rows";
 constexpr llvm::StringLiteral kStreamAttr = "moe.stream";
 constexpr llvm::StringLiteral kStreamsAttr = "streams";
 
+/// The prefix of a PEFT tensor name. A moe.param named with it is a LoRA adapter's tensor
+/// (--moe-inject-lora adds them; the runtime initialises them); any other is a checkpoint
+/// tensor (trainable: trained in full, exported under this prefix as a module to save).
+constexpr llvm::StringLiteral kPeftNamePrefix = "base_model.model.";
+inline bool isAdapterTensorName(llvm::StringRef tensorName) { return tensorName.starts_with(kPeftNamePrefix); }
+
 /// The op computes each token's results from that token's rows alone (MoeOps.td: Moe_Tokenwise).
 template <typename ConcreteType>
 class Tokenwise : public mlir::OpTrait::TraitBase<ConcreteType, Tokenwise> {};

@@ -79,7 +79,11 @@ def Moe_ParamOp : Moe_Op<"param", [Symbol]> {
     contains `{layer}`, replaced by the layer index of each instance; a
     stacked expert tensor contains `{expert}` and has the experts as its
     leading dimension (bound from one checkpoint tensor per expert). A
-    parameter is frozen unless `trainable` is set. `sharding` says how its
+    parameter is frozen unless `trainable` is set. A LoRA adapter's tensors
+    (added by --moe-inject-lora) are named by their PEFT name,
+    `base_model.model.<module>.lora_A.weight`, and start fresh; any other
+    trainable parameter is a checkpoint weight trained in full: it starts from
+    the checkpoint and is exported as a PEFT module to save. `sharding` says how its
     dimensions split over the mesh (replicated when absent); the type is the
     whole tensor, and the `moe.weight` that reads it has the type of one
     rank's part (the model's `mesh` attribute gives the axis sizes).

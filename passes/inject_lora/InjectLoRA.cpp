@@ -285,7 +285,7 @@ private:
     OpBuilder b(anchor->getContext());
     b.setInsertionPointAfter(anchor);
     anchor = ParamOp::create(b, anchor->getLoc(), name,
-                             "base_model.model." + transformersModulePath(path, layer) + ".lora_" +
+                             moe::kPeftNamePrefix.str() + transformersModulePath(path, layer) + ".lora_" +
                                  suffix.str() + ".weight",
                              type,
                              /*trainable=*/true, /*sharding=*/nullptr);

@@ -264,9 +264,8 @@ checkpointTensors(const plan::Plan &plan) {
       };
       if (binding.buffer() >= uint32_t(rank.buffers_size()))
         return error(absl::StrCat("buffer ", binding.buffer(), " does not exist"));
+      // Every binding is a checkpoint tensor: a frozen weight, or one trained in full.
       const plan::Buffer &buffer = rank.buffers(int(binding.buffer()));
-      if (buffer.role() != plan::WEIGHT)
-        continue; // an initial LoRA parameter is not part of the base model
       const std::string &name = binding.tensor();
       if (name.empty())
         return error("empty tensor name");

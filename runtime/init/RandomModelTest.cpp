@@ -65,9 +65,8 @@ plan::Plan smallPlan() {
   addBuffer(rank, plan::WEIGHT, {4}, "model.layers.0.mlp.gate.e_score_correction_bias");
   addBuffer(rank, plan::WEIGHT, {3, 8, 16}, kExperts);
   addBuffer(rank, plan::WEIGHT, {16}, "model.norm.weight");
-  // Not part of the base model: a LoRA parameter's initial binding, an activation.
-  addBuffer(rank, plan::LORA_PARAM, {4, 16},
-            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  // A checkpoint weight trained in full is part of the base model; an activation is not.
+  addBuffer(rank, plan::LORA_PARAM, {4, 16}, "model.layers.0.mlp.gate.weight");
   addBuffer(rank, plan::ACTIVATION, {2, 16});
   return plan;
 }
@@ -109,6 +108,7 @@ TEST(RandomModelTest, WritesEveryBoundWeightWithItsRule) {
       "model.layers.0.mlp.experts.1.up_proj.weight",
       "model.layers.0.mlp.experts.2.up_proj.weight",
       "model.layers.0.mlp.gate.e_score_correction_bias",
+      "model.layers.0.mlp.gate.weight",
       "model.layers.0.self_attn.q_norm.weight",
       "model.layers.0.self_attn.q_proj.bias",
       "model.layers.0.self_attn.q_proj.weight",

@@ -287,6 +287,36 @@ absl::Status checkLoraShape(const std::string &name, const std::vector<int64_t> 
   return absl::OkStatus();
 }
 
+constexpr const char *kLoraSuffixes[] = {".lora_A.weight", ".lora_B.weight", ".lora_embedding_A",
+                                         ".lora_embedding_B"};
+
+/// base_model.model.<module>.lora_A.weight (a LoRA tensor; the prefix checked) -> <module>.
+std::string loraModule(std::string_view name) {
+  name.remove_prefix(std::strlen(kNamePrefix));
+  for (const char *suffix : kLoraSuffixes)
+    if (endsWith(name, suffix))
+      return std::string(name.substr(0, name.size() - std::strlen(suffix)));
+  return std::string(name);
+}
+
+/// base_model.model.<module>.weight (or .bias) -> <module>: a module trained in full, which
+/// PEFT saves whole (modules_to_save).
+absl::StatusOr<std::string> savedModule(const std::string &name) {
+  if (name.rfind(kNamePrefix, 0) != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': PEFT names start with \"", kNamePrefix, "\""));
+  std::string_view path = std::string_view(name).substr(std::strlen(kNamePrefix));
+  size_t dot = path.rfind('.');
+  std::string_view leaf = dot == std::string_view::npos ? path : path.substr(dot + 1);
+  if (dot == std::string_view::npos || dot == 0 || (leaf != "weight" && leaf != "bias"))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name,
+        "' is neither a LoRA tensor (a name ending in .lora_A.weight, .lora_B.weight, .lora_embedding_A "
+        "or .lora_embedding_B) nor a module's weight or bias (PEFT saves a module trained in full, "
+        "modules_to_save, as its .weight and .bias)"));
+  return std::string(path.substr(0, dot));
+}
+
 std::string expertName(const std::string &pattern, int64_t expert) {
   std::string out = pattern;
   size_t at = out.find(kExpertPlaceholder);
@@ -340,7 +370,48 @@ absl::Status checkSpec(const AdapterSpec &spec) {
   for (const std::string &module : spec.targetModules)
     if (!weights::isValidUtf8(module))
       return error("a target module is not valid UTF-8");
+  std::set<std::string> saved;
+  for (const std::string &module : spec.modulesToSave)
+    if (module.empty() || !weights::isValidUtf8(module) || !saved.insert(module).second)
+      return error(absl::StrCat("modules_to_save has an empty, repeated or non-UTF-8 entry \"", module, "\""));
   return absl::OkStatus();
+}
+
+/// Each tensor, a `{expert}` stack [E, ...] as its E per-expert tensors.
+absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>>
+expandExperts(const std::map<std::string, std::vector<int64_t>> &tensors) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto &[name, shape] : tensors) {
+    absl::StatusOr<bool> stacked = hasExpertPlaceholder(name);
+    if (!stacked.ok())
+      return stacked.status();
+    if (!*stacked) {
+      out.emplace_back(name, shape);
+      continue;
+    }
+    if (shape.size() < 2)
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': a stack of experts needs shape [E, ...], got ", shapeText(shape)));
+    std::vector<int64_t> expertShape(shape.begin() + 1, shape.end());
+    for (int64_t expert = 0; expert < shape[0]; ++expert)
+      out.emplace_back(expertName(name, expert), expertShape);
+  }
+  return out;
+}
+
+/// A tensor of a PEFT adapter in a file: a LoRA tensor of rank r, or the weight or bias of a
+/// module whose path ends with an entry of modules_to_save (PEFT matches by suffix).
+absl::Status checkImportedName(const std::string &name, const std::vector<int64_t> &shape, const AdapterSpec &spec) {
+  if (loraPart(name) != LoraPart::Other || spec.modulesToSave.empty())
+    return checkLoraShape(name, shape, spec.r);
+  absl::StatusOr<std::string> module = savedModule(name);
+  if (!module.ok())
+    return module.status();
+  for (const std::string &entry : spec.modulesToSave)
+    if (endsWith(*module, entry))
+      return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is not a LoRA tensor and its module '", *module,
+                                                 "' is not in modules_to_save"));
 }
 
 } // namespace
@@ -397,7 +468,8 @@ bool AdapterSpec::operator==(const AdapterSpec &other) const {
   return r == other.r && loraAlpha == other.loraAlpha && loraDropout == other.loraDropout &&
          targetModules == other.targetModules && useRslora == other.useRslora &&
          baseModelNameOrPath == other.baseModelNameOrPath && taskType == other.taskType &&
-         baseModelClass == other.baseModelClass && parentLibrary == other.parentLibrary;
+         baseModelClass == other.baseModelClass && parentLibrary == other.parentLibrary &&
+         modulesToSave == other.modulesToSave;
 }
 
 absl::StatusOr<std::string> adapterConfigJson(const AdapterSpec &spec) {
@@ -443,7 +515,14 @@ absl::StatusOr<std::string> adapterConfigJson(const AdapterSpec &spec) {
   set("lora_ga_config", jsonNull());
   set("megatron_config", jsonNull());
   set("megatron_core", jsonString("megatron.core"));
-  set("modules_to_save", jsonNull());
+  if (spec.modulesToSave.empty()) {
+    set("modules_to_save", jsonNull());
+  } else {
+    JsonValue modules = jsonArray();
+    for (const std::string &module : spec.modulesToSave)
+      modules.array.push_back(jsonString(module));
+    set("modules_to_save", std::move(modules));
+  }
   set("monteclora_config", jsonNull());
   set("peft_type", jsonString("LORA"));
   set("peft_version", jsonString(kPeftFormatVersion));
@@ -598,8 +677,15 @@ absl::StatusOr<AdapterSpec> parseAdapterConfig(std::string_view text, const std:
     return error("bias is not \"none\"; trained biases are not supported");
   if (isTrue(config.find("fan_in_fan_out")))
     return error("fan_in_fan_out is true; only [out, in] weights (nn.Linear) are supported");
-  if (!isEmpty(config.find("modules_to_save")))
-    return error("modules_to_save is not empty; fully trained modules are not supported");
+  if (const JsonValue *modules = config.find("modules_to_save"); !isNull(modules)) {
+    if (modules->kind != JsonValue::Kind::Array)
+      return error(absl::StrCat("\"modules_to_save\" is ", kind(*modules), ", expected a list of module names or null"));
+    for (const JsonValue &module : modules->array) {
+      if (module.kind != JsonValue::Kind::String || module.string.empty())
+        return error("\"modules_to_save\" holds something other than a module name");
+      spec.modulesToSave.push_back(module.string);
+    }
+  }
   if (!isEmpty(config.find("target_parameters")))
     return error("target_parameters is not empty; LoRA on raw parameters is not supported");
   if (!isEmpty(config.find("trainable_token_indices")))
@@ -615,6 +701,66 @@ absl::StatusOr<AdapterSpec> parseAdapterConfig(std::string_view text, const std:
   return spec;
 }
 
+absl::StatusOr<std::vector<std::string>>
+modulesToSaveOf(const std::map<std::string, std::vector<int64_t>> &tensors) {
+  absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> each = expandExperts(tensors);
+  if (!each.ok())
+    return each.status();
+  std::set<std::string> modules;
+  for (const auto &[name, shape] : *each) {
+    if (loraPart(name) != LoraPart::Other)
+      continue;
+    absl::StatusOr<std::string> module = savedModule(name);
+    if (!module.ok())
+      return module.status();
+    modules.insert(*module);
+  }
+  return std::vector<std::string>(modules.begin(), modules.end());
+}
+
+absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::string, std::vector<int64_t>> &tensors) {
+  if (absl::Status status = checkSpec(spec); !status.ok())
+    return status;
+  if (tensors.empty())
+    return absl::InvalidArgumentError("no tensors to export");
+  absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> each = expandExperts(tensors);
+  if (!each.ok())
+    return each.status();
+  std::set<std::string> saved(spec.modulesToSave.begin(), spec.modulesToSave.end()), held, adapted;
+  for (const auto &[name, shape] : *each) {
+    if (name.rfind(kNamePrefix, 0) != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': PEFT names start with \"", kNamePrefix, "\""));
+    if (loraPart(name) != LoraPart::Other) {
+      if (absl::Status status = checkLoraShape(name, shape, spec.r); !status.ok())
+        return status;
+      adapted.insert(loraModule(name));
+      continue;
+    }
+    absl::StatusOr<std::string> module = savedModule(name);
+    if (!module.ok())
+      return module.status();
+    if (!saved.count(*module))
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is trained in full, but its module '",
+                                                     *module, "' is not in modules_to_save"));
+    held.insert(*module);
+  }
+  // PEFT wraps a module to save whole: it cannot also hold a LoRA adapter, nor sit inside one.
+  auto within = [](const std::string &inner, const std::string &outer) {
+    return inner == outer || (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+                              inner[outer.size()] == '.');
+  };
+  for (const std::string &module : spec.modulesToSave) {
+    if (!held.count(module))
+      return absl::InvalidArgumentError(absl::StrCat("modules_to_save names '", module, "', but no tensor of it"));
+    for (const std::string &lora : adapted)
+      if (within(lora, module) || within(module, lora))
+        return absl::InvalidArgumentError(absl::StrCat("module '", module, "' is trained in full and '", lora,
+                                                       "' has a LoRA adapter; PEFT cannot save both"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status exportAdapter(const std::string &dir, const AdapterSpec &spec,
                            const std::vector<NamedTensor> &tensors) {
   auto error = [&](const absl::Status &status) {
@@ -623,8 +769,12 @@ absl::Status exportAdapter(const std::string &dir, const AdapterSpec &spec,
   absl::StatusOr<std::string> config = adapterConfigJson(spec);
   if (!config.ok())
     return error(config.status());
-  if (tensors.empty())
-    return error(absl::InvalidArgumentError("no tensors to export"));
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const NamedTensor &tensor : tensors)
+    if (!shapes.emplace(tensor.name, tensor.shape).second)
+      return error(absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "' is given twice")));
+  if (absl::Status status = checkAdapterTensors(spec, shapes); !status.ok())
+    return error(status);
 
   weights::SafetensorsWriter writer;
   if (absl::Status status = writer.setMetadata("format", "pt"); !status.ok())
@@ -640,29 +790,17 @@ absl::Status exportAdapter(const std::string &dir, const AdapterSpec &spec,
       return tensorError(absl::StrCat("shape ", shapeText(tensor.shape), " needs ",
                                       numElements(tensor.shape), " values, got ",
                                       tensor.data.size()));
-    if (tensor.name.rfind(kNamePrefix, 0) != 0)
-      return tensorError(absl::StrCat("PEFT names start with \"", kNamePrefix, "\""));
-    absl::StatusOr<bool> stacked = hasExpertPlaceholder(tensor.name);
-    if (!stacked.ok())
-      return error(stacked.status());
-    if (!*stacked) {
-      if (absl::Status status = checkLoraShape(tensor.name, tensor.shape, spec.r); !status.ok())
-        return error(status);
+    if (tensor.name.find(kExpertPlaceholder) == std::string::npos) {
       if (absl::Status status = writer.add(tensor.name, DType::F32, tensor.shape, tensor.data.data(),
                                            tensor.data.size() * sizeof(float));
           !status.ok())
         return error(status);
       continue;
     }
-    if (tensor.shape.size() < 2)
-      return tensorError(absl::StrCat("a stack of experts needs shape [E, ...], got ",
-                                      shapeText(tensor.shape)));
     std::vector<int64_t> expertShape(tensor.shape.begin() + 1, tensor.shape.end());
     size_t expertValues = size_t(numElements(expertShape));
     for (int64_t expert = 0; expert < tensor.shape[0]; ++expert) {
       std::string name = expertName(tensor.name, expert);
-      if (absl::Status status = checkLoraShape(name, expertShape, spec.r); !status.ok())
-        return error(status);
       if (absl::Status status =
               writer.add(name, DType::F32, expertShape, tensor.data.data() + expert * expertValues,
                          expertValues * sizeof(float));
@@ -709,7 +847,7 @@ absl::StatusOr<Adapter> importAdapter(const std::string &dir, const ImportOption
       return error(absl::StrCat("tensor '", info.name, "' has dtype ",
                                 std::string(weights::dtypeName(info.dtype)),
                                 "; expected F32, BF16 or F16"));
-    if (absl::Status status = checkLoraShape(info.name, info.shape, adapter.spec.r); !status.ok())
+    if (absl::Status status = checkImportedName(info.name, info.shape, adapter.spec); !status.ok())
       return error(std::string(status.message()));
     AdapterTensor tensor;
     tensor.shape = info.shape;

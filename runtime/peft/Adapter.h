@@ -54,6 +54,10 @@ struct AdapterSpec {
   /// writes when task_type is null; empty = null.
   std::string baseModelClass;
   std::string parentLibrary;
+  /// PEFT's "modules_to_save" (empty = null): modules trained in full, whose tensors the
+  /// adapter holds as base_model.model.<module>.weight / .bias. Export writes full module
+  /// paths; import matches a tensor's module by suffix, as PEFT does.
+  std::vector<std::string> modulesToSave;
 
   bool operator==(const AdapterSpec &other) const;
   bool operator!=(const AdapterSpec &other) const { return !(*this == other); }
@@ -90,10 +94,19 @@ struct ImportOptions {
   std::map<std::string, std::vector<int64_t>> expectedShapes;
 };
 
+/// The modules to save for `tensors` (PEFT name -> shape; a `{expert}` name of shape [E, ...]
+/// stands for E tensors): the module of each tensor that is not a LoRA tensor, sorted. An
+/// error names a tensor PEFT cannot save (not base_model.model.<module>.weight or .bias).
+absl::StatusOr<std::vector<std::string>> modulesToSaveOf(const std::map<std::string, std::vector<int64_t>> &tensors);
+
+/// What exportAdapter checks before it writes anything, from the names and shapes alone:
+/// the spec; every name starts with "base_model.model."; a LoRA tensor's shape (lora_A has
+/// r rows, lora_B r columns); any other tensor is the weight or bias of a module in
+/// spec.modulesToSave, which holds no LoRA adapter and has a tensor.
+absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::string, std::vector<int64_t>> &tensors);
+
 /// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors,
-/// creating `dir` if needed. Every tensor name must start with
-/// "base_model.model."; lora_A tensors must have r rows, lora_B tensors r
-/// columns.
+/// creating `dir` if needed, after checkAdapterTensors.
 absl::Status exportAdapter(const std::string &dir, const AdapterSpec &spec,
                            const std::vector<NamedTensor> &tensors);
 

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -324,10 +325,78 @@ TEST(AdapterTest, RefusesWhatItCannotApply) {
   EXPECT_THAT(configError("\"peft_type\": \"LORA\"", "\"peft_type\": \"IA3\""),
               HasSubstr("peft_type is \"IA3\"; only LORA adapters are supported"));
   EXPECT_THAT(configError("\"bias\": \"none\"", "\"bias\": \"all\""), HasSubstr("bias is not"));
-  EXPECT_THAT(configError("\"modules_to_save\": null", "\"modules_to_save\": [\"lm_head\"]"),
-              HasSubstr("modules_to_save is not empty"));
+  EXPECT_THAT(configError("\"modules_to_save\": null", "\"modules_to_save\": \"lm_head\""),
+              HasSubstr("\"modules_to_save\" is a string, expected a list of module names or null"));
   EXPECT_THAT(configError("\"fan_in_fan_out\": false", "\"fan_in_fan_out\": true"),
               HasSubstr("fan_in_fan_out"));
+}
+
+constexpr char kGate[] = "base_model.model.model.layers.0.mlp.gate";
+
+TEST(AdapterTest, ModulesTrainedInFullRoundTrip) {
+  // A router trained in full next to a LoRA adapter: PEFT's modules_to_save.
+  std::vector<NamedTensor> tensors = smallTensors();
+  tensors.push_back({std::string(kGate) + ".weight", {4, 3}, iota(12, -2.0f)});
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const NamedTensor &tensor : tensors)
+    shapes[tensor.name] = tensor.shape;
+  absl::StatusOr<std::vector<std::string>> modules = modulesToSaveOf(shapes);
+  ASSERT_TRUE(modules.ok()) << modules.status();
+  EXPECT_EQ(*modules, std::vector<std::string>{"model.layers.0.mlp.gate"});
+  AdapterSpec spec = smallSpec();
+  spec.modulesToSave = *modules;
+  std::string dir = wt::freshTempDir();
+  ASSERT_TRUE(exportAdapter(dir, spec, tensors).ok());
+  EXPECT_THAT(wt::readFileBytes(dir + "/" + kAdapterConfigFile),
+              HasSubstr("\"modules_to_save\": [\n    \"model.layers.0.mlp.gate\"\n  ],"));
+  absl::StatusOr<Adapter> adapter = importAdapter(dir, {shapes});
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->spec, spec);
+  EXPECT_EQ(adapter->tensors.at(std::string(kGate) + ".weight").data, tensors[2].data);
+
+  // PEFT matches a module to save by the end of its path: "gate" names the same module.
+  AdapterSpec bySuffix = spec;
+  bySuffix.modulesToSave = {"gate"};
+  wt::writeFileBytes(dir + "/" + kAdapterConfigFile, *adapterConfigJson(bySuffix));
+  EXPECT_TRUE(importAdapter(dir).ok());
+  bySuffix.modulesToSave = {"up_proj"};
+  wt::writeFileBytes(dir + "/" + kAdapterConfigFile, *adapterConfigJson(bySuffix));
+  EXPECT_THAT(statusText(importAdapter(dir).status()),
+              HasSubstr("tensor 'base_model.model.model.layers.0.mlp.gate.weight' is not a LoRA tensor and its "
+                        "module 'model.layers.0.mlp.gate' is not in modules_to_save"));
+}
+
+TEST(AdapterTest, ModulesTrainedInFullRefusals) {
+  // A parameter that is no module's weight or bias (gpt-oss's attention sinks).
+  EXPECT_THAT(statusText(modulesToSaveOf({{"base_model.model.model.layers.0.self_attn.sinks", {4}}}).status()),
+              HasSubstr("is neither a LoRA tensor (a name ending in .lora_A.weight"));
+  EXPECT_THAT(statusText(modulesToSaveOf({{"model.layers.0.mlp.gate.weight", {4, 3}}}).status()),
+              HasSubstr("PEFT names start with \"base_model.model.\""));
+  std::map<std::string, std::vector<int64_t>> shapes = {{std::string(kQ) + ".lora_A.weight", {2, 3}},
+                                                        {std::string(kQ) + ".lora_B.weight", {4, 2}},
+                                                        {std::string(kGate) + ".weight", {4, 3}}};
+  AdapterSpec spec = smallSpec();
+  EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes)),
+              HasSubstr("its module 'model.layers.0.mlp.gate' is not in modules_to_save"));
+  spec.modulesToSave = {"model.layers.0.mlp.gate", "model.layers.1.mlp.gate"};
+  EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes)),
+              HasSubstr("modules_to_save names 'model.layers.1.mlp.gate', but no tensor of it"));
+  // A module trained in full cannot also carry a LoRA adapter, nor hold one.
+  shapes = {{std::string(kQ) + ".lora_A.weight", {2, 3}},
+            {std::string(kQ) + ".lora_B.weight", {4, 2}},
+            {std::string(kQ) + ".weight", {4, 3}}};
+  spec.modulesToSave = {"model.layers.0.self_attn.q_proj"};
+  EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes)), HasSubstr("PEFT cannot save both"));
+  shapes.erase(std::string(kQ) + ".weight");
+  shapes["base_model.model.model.layers.0.self_attn.weight"] = {4};
+  spec.modulesToSave = {"model.layers.0.self_attn"};
+  EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes)), HasSubstr("PEFT cannot save both"));
+  // Nothing is written for a refused export.
+  std::string dir = wt::freshTempDir() + "/out";
+  std::vector<NamedTensor> tensors = smallTensors();
+  tensors.push_back({std::string(kGate) + ".weight", {4, 3}, iota(12)});
+  EXPECT_THAT(statusText(exportAdapter(dir, smallSpec(), tensors)), HasSubstr("is not in modules_to_save"));
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 TEST(AdapterTest, MissingOrMistypedFields) {

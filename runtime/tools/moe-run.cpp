@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Device>> openDevice(const std::string &backend, i
 /// Everything a run needs: the plan, the device, the executor with weights bound.
 struct Session {
   moec::plan::Plan plan;
+  std::string planPath;
   std::unique_ptr<Device> device;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Trainer> trainer;
@@ -237,6 +238,7 @@ absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
   if (!plan.ok())
     return plan.status();
   session.plan = std::move(*plan);
+  session.planPath = planPath;
   if (session.plan.ranks_size() != setup.world)
     return absl::InvalidArgumentError(rankCountMismatch(planPath, session.plan, setup.world));
   session.rank = setup.rank;
@@ -406,8 +408,10 @@ absl::Status loadAdapter(const std::string &dir, Session &session) {
   return session.trainer->setAdapter(values);
 }
 
-/// On a pipeline every rank takes part (the stages' tensors are gathered); rank 0 writes.
-absl::Status exportAdapter(const std::string &dir, Session &session, bool write) {
+/// The PEFT adapter the plan's trained tensors make (checkpoint weights trained in full are
+/// modules to save), checked before a step runs: a run must not train for hours, then fail
+/// to write its result.
+absl::StatusOr<peft::AdapterSpec> adapterSpecOf(const Session &session) {
   const moec::plan::LoraLayout &lora = session.plan.lora();
   peft::AdapterSpec spec;
   spec.r = lora.r();
@@ -416,6 +420,22 @@ absl::Status exportAdapter(const std::string &dir, Session &session, bool write)
   spec.targetModules.assign(lora.target_modules().begin(), lora.target_modules().end());
   spec.useRslora = lora.use_rslora();
   spec.taskType = "CAUSAL_LM";
+  std::map<std::string, std::vector<int64_t>> shapes = session.trainer->shapes();
+  absl::StatusOr<std::vector<std::string>> modules = peft::modulesToSaveOf(shapes);
+  if (modules.ok())
+    spec.modulesToSave = std::move(*modules);
+  absl::Status checked = modules.ok() ? peft::checkAdapterTensors(spec, shapes) : modules.status();
+  if (!checked.ok())
+    return absl::InvalidArgumentError(absl::StrCat(session.planPath, ": its trained tensors make no PEFT adapter: ",
+                                                   checked.message()));
+  return spec;
+}
+
+/// On a pipeline every rank takes part (the stages' tensors are gathered); rank 0 writes.
+absl::Status exportAdapter(const std::string &dir, Session &session, bool write) {
+  absl::StatusOr<peft::AdapterSpec> spec = adapterSpecOf(session);
+  if (!spec.ok())
+    return spec.status();
   std::vector<peft::NamedTensor> tensors;
   if (!write && !session.trainer->gathers())
     return absl::OkStatus();
@@ -426,7 +446,7 @@ absl::Status exportAdapter(const std::string &dir, Session &session, bool write)
     return absl::OkStatus();
   for (const auto &[name, shape] : session.trainer->shapes())
     tensors.push_back({name, shape, (*values)[name]});
-  return peft::exportAdapter(dir, spec, tensors);
+  return peft::exportAdapter(dir, *spec, tensors);
 }
 
 int64_t monotonicMs() { // async-signal-safe
@@ -473,6 +493,8 @@ int runTrain(Args &args, const RankSetup &setup) {
   std::string adapterDir = args.get("adapter");
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + absl::StrJoin(unknown, ", "));
+  if (absl::StatusOr<peft::AdapterSpec> spec = adapterSpecOf(session); !spec.ok())
+    return fail(std::string(spec.status().message()));
 
   absl::StatusOr<std::unique_ptr<data::Dataset>> dataset =
       data::Dataset::open(dataPath, vocabularySize(session.plan));
@@ -795,9 +817,10 @@ int runInit(Args &args) {
                 " ranks; init writes the whole model: give it a plan compiled without --mesh");
   // The file holds every weight in f32: say so before a real-size model fills the disk.
   int64_t elements = 0;
-  for (const moec::plan::Buffer &buffer : plan->ranks(0).buffers())
-    if (buffer.role() == moec::plan::WEIGHT)
-      elements += buffer.size_bytes() / std::max<int64_t>(1, moec::plan::dtypeSize(buffer.dtype()));
+  for (const moec::plan::WeightBinding &binding : plan->ranks(0).weights()) {
+    const moec::plan::Buffer &buffer = plan->ranks(0).buffers(static_cast<int>(binding.buffer()));
+    elements += buffer.size_bytes() / std::max<int64_t>(1, moec::plan::dtypeSize(buffer.dtype()));
+  }
   if (elements * 4 > (int64_t(4) << 30))
     std::cerr << "moe-run: writing " << elements * 4 / (1 << 30) << " GiB of random weights to " << out
               << " (for real-size models, `moe-run train --random-weights SEED` makes them on the device)\n";

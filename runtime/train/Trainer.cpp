@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/plan/PlanFormat.h"
@@ -50,6 +51,9 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   sequenceParallel = plan.mesh().sequence_parallel() && tp > 1;
   countsTokens = stage == pp - 1 && (countsLoads || sequenceParallel);
   microBatches = std::max<int64_t>(1, plan.micro_batches());
+  std::set<uint32_t> bound;
+  for (const plan::WeightBinding &binding : rank.weights())
+    bound.insert(binding.buffer());
   for (const plan::LoraTensor &t : plan.lora().tensors()) {
     const plan::Buffer &param = plan.ranks(t.rank()).buffers(static_cast<int>(t.param()));
     Tensor each{t.peft_name(), t.param(), t.grad(), t.adam_m(), t.adam_v(),
@@ -70,8 +74,10 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
     // the axis it is split along.
     bool part = !each.start.empty();
     bool sameCoordinate = t.split_axis() == "ep" ? epOf(t.rank()) == epOf(rankIndex) : tpOf(t.rank()) == tpOf(rankIndex);
-    if (stageOf(t.rank()) == stage && (!part || sameCoordinate))
+    if (stageOf(t.rank()) == stage && (!part || sameCoordinate)) {
+      each.fromCheckpoint = bound.count(t.param()) > 0;
       tensors.push_back(each);
+    }
   }
   // Device scratch: the sums of squares, and a copy of each forward dispatch's counts, read
   // once after the step: one slot per (MoE layer of any stage, micro-batch), of every expert.
@@ -221,6 +227,13 @@ absl::StatusOr<double> Trainer::sumOverRanks(double value, plan::DType dtype) {
 
 absl::Status Trainer::initAdapter(uint64_t seed) {
   for (Tensor &t : tensors) {
+    std::vector<float> zeros(t.size, 0.0f);
+    if (t.fromCheckpoint) {
+      for (uint32_t id : {t.m, t.v})
+        if (absl::Status s = executor.writeFloats(id, zeros); !s.ok())
+          return s;
+      continue;
+    }
     // The whole tensor's values (a tp rank takes its part), as one rank would make them.
     const std::vector<int64_t> &whole = wholeShapes.at(t.name);
     size_t count = 1;
@@ -236,7 +249,6 @@ absl::Status Trainer::initAdapter(uint64_t seed) {
         value = uniform(rng);
     }
     values = partOf(t, values);
-    std::vector<float> zeros(t.size, 0.0f);
     for (auto [id, data] : {std::pair{t.param, &values}, {t.m, &zeros}, {t.v, &zeros}})
       if (absl::Status s = executor.writeFloats(id, *data); !s.ok())
         return s;

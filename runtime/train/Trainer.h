@@ -48,7 +48,8 @@ public:
   Trainer &operator=(const Trainer &) = delete;
 
   /// PEFT's default initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
-  /// a = sqrt(5)), B = 0, from `seed` and each tensor's name.
+  /// a = sqrt(5)), B = 0, from `seed` and each tensor's name. A checkpoint weight trained in
+  /// full keeps the value the executor bound; every tensor's AdamW moments start at zero.
   absl::Status initAdapter(uint64_t seed);
   /// Sets the adapter tensors from `tensors` (PEFT name -> f32 values, stacked for
   /// `{expert}` names); every plan tensor must be there with its size.
@@ -98,6 +99,7 @@ private:
     size_t size;
     int holder = 0;             // the rank the layout names for it
     std::vector<int64_t> start; // where the part starts in the whole tensor (empty: all of it)
+    bool fromCheckpoint = false; // a checkpoint weight trained in full (the plan binds it)
   };
   /// A tensor's part from its whole values (by its PEFT name), and the way back.
   std::vector<float> partOf(const Tensor &t, const std::vector<float> &whole) const;

@@ -89,6 +89,12 @@ if [ "${1:-}" = pack ]; then
       --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
       --weight-decay 0 --dtype float32 --fused-expert-backward -o "$pack/plans/$f.float32.fused-experts.moeplan" 2>/dev/null
   done
+  # The router trained in full (a model.mlir marks it trainable): PEFT's modules_to_save.
+  "$bin/compiler/tools/moec" import "$golden/qwen3_moe/config.json" -o /tmp/moec-gate.mlir
+  sed -i -e 's|moe.param @mlp_gate "\([^"]*\)" :|moe.param @mlp_gate "\1" trainable :|' /tmp/moec-gate.mlir
+  "$bin/compiler/tools/moec" compile /tmp/moec-gate.mlir --adapter "$golden/qwen3_moe/adapter" \
+    --seq-len 96 --micro-batch 2 --lr 1e-3 --warmup-steps 0 --schedule constant --max-grad-norm 0 \
+    --weight-decay 0 -o "$pack/plans/qwen3_moe.float32.gate.moeplan" 2>/dev/null
   # Meshes of two GPUs: each family on dp=2 and ep=2 (one of the golden batch's two sequences
   # per rank), and Qwen3-30B-A3B at 4096 tokens per GPU on one GPU, dp=2 and ep=2.
   # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
@@ -274,4 +280,14 @@ golden="$pack/golden/qwen3_moe"; plan="$pack/plans/qwen3_moe.float32.fused.moepl
   python3 tests/gpu/peft_check.py "$golden" "$pack/runs/peft/adapter" "$pack/train.jsonl" 96 2 "$ours"
 } >"$out/peft.log" 2>&1 && status=PASS || status=FAIL
 summary+=("$(printf '%-62s %-7s %s' "PEFT loads moe-run's adapter (qwen3_moe)" "$status" "$(tail -1 "$out/peft.log")")")
+# The same with the router trained in full: PEFT's modules_to_save.
+plan="$pack/plans/qwen3_moe.float32.gate.moeplan"
+{
+  "$pack/bin/moe-run" train --backend cuda --plan "$plan" --model "$golden" --data "$pack/train.jsonl" \
+    --out "$pack/runs/peft-gate" --steps 3 &&
+  ours=$("$pack/bin/moe-run" forward --backend cuda --plan "$plan" --model "$golden" \
+    --adapter "$pack/runs/peft-gate/adapter" --data "$pack/train.jsonl" | awk '{print $NF}') &&
+  python3 tests/gpu/peft_check.py "$golden" "$pack/runs/peft-gate/adapter" "$pack/train.jsonl" 96 2 "$ours"
+} >"$out/peft-gate.log" 2>&1 && status=PASS || status=FAIL
+summary+=("$(printf '%-62s %-7s %s' "PEFT loads an adapter with the router trained in full" "$status" "$(tail -1 "$out/peft-gate.log")")")
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
