@@ -73,7 +73,10 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     Projection biases split with their outputs (q, k, v); an output
     projection's bias is held by tp rank 0 alone (`moe.tp_first_rank`: the
     other ranks bind zeros), so the sum over tp adds it once; attention
-    sinks split with their heads (gpt-oss).
+    sinks split with their heads (gpt-oss). gpt-oss's experts ([E, in, out]
+    weights, gate and up interleaved in column pairs, biases) split the same
+    features: each rank a window of whole (gate, up) pairs and its bias, and
+    down's rows; down's bias is held by tp rank 0 alone.
     Latent attention (`moe.mla`, DSA's `moe.sparse_attention`) splits its
     heads likewise: query and key_value projections by rows, the output
     projection by columns; the rotated key part, shared by every head,

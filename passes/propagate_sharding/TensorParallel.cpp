@@ -44,6 +44,9 @@
 //     -> partial (each rank's share of every expert's output)
 //   dispatch(x replicated), combine(partial, weights replicated) -> partial (both linear), so
 //     x enters before the dispatch and the sum is taken after the combine.
+// gpt-oss's experts ([E, in, out], gate and up interleaved in pairs, biases) split the same
+// features: a window of whole (gate, up) pairs and its bias, down's rows; down's bias is held
+// by tp rank 0 alone, as an attention's output bias is.
 //
 //===----------------------------------------------------------------------===//
 
@@ -498,12 +501,8 @@ void apply(HeadSplit &plan, int64_t ranks) {
 
 /// Why an expert MLP cannot split its intermediate features over tp ("" when it can).
 std::string expertSplitBlocker(moe::ExpertMLPOp mlp, int64_t ranks) {
-  if (mlp.getUpBias() || mlp.getDownBias())
-    return "it has biases";
   if (mlp.getUpLoraA() || mlp.getGateLoraA() || mlp.getDownLoraA())
     return "it has expert adapters";
-  if (mlp.getFusedGateUp() || mlp.getInOutLayout())
-    return "its weights are in a fused or [in, out] layout";
   for (Value operand : mlp->getOperands().drop_front(2)) {
     auto weight = operand.getDefiningOp<moe::WeightOp>();
     auto param = weight ? SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
@@ -512,8 +511,14 @@ std::string expertSplitBlocker(moe::ExpertMLPOp mlp, int64_t ranks) {
       return "it reads a weight that is not a moe.weight";
     if (param.getShardingAttr() && !param.getShardingAttr().isReplicated())
       return "its experts are split over ep already";
+    // Every rank adds its partial output's share; each would add a trained bias in full.
+    if (operand == mlp.getDownBias() && param.getTrainable())
+      return "its down projection's bias is trainable";
   }
-  if (tensorType(mlp.getUp()).getDimSize(1) % ranks)
+  // fused_gate_up interleaves gate and up columns in pairs: a rank's window of whole pairs
+  // is its intermediate features' gate and up.
+  int64_t inter = tensorType(mlp.getUp()).getDimSize(mlp.getInOutLayout() ? 2 : 1) / (mlp.getFusedGateUp() ? 2 : 1);
+  if (inter % ranks)
     return "its intermediate size does not split over tp";
   return "";
 }
@@ -530,10 +535,21 @@ void splitExpertFeatures(moe::ExpertMLPOp mlp, int64_t ranks) {
     param.setShardingAttr(moe::ShardingAttr::get(context, dims));
     weight.getResult().setType(param.getLocalType());
   };
-  split(mlp.getUp(), 1);
+  // The intermediate features: up's and gate's outputs, down's inputs ([E, out, in], or
+  // [E, in, out] with in_out_layout), up's bias [E, 2 I] or [E, I].
+  bool inOut = mlp.getInOutLayout();
+  split(mlp.getUp(), inOut ? 2 : 1);
   if (mlp.getGate())
-    split(mlp.getGate(), 1);
-  split(mlp.getDown(), 2);
+    split(mlp.getGate(), inOut ? 2 : 1);
+  split(mlp.getDown(), inOut ? 1 : 2);
+  if (mlp.getUpBias())
+    split(mlp.getUpBias(), 1);
+  // down's bias is added to a partial sum: tp rank 0 holds it, the others zeros.
+  if (Value bias = mlp.getDownBias()) {
+    auto weight = bias.getDefiningOp<moe::WeightOp>();
+    SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
+        ->setAttr(moe::kTpFirstRankAttr, b.getUnitAttr());
+  }
   auto layer = mlp->getParentOfType<moe::LayerOp>();
   Location because = NameLoc::get(
       b.getStringAttr(llvm::formatv("the intermediate features of @{0}'s experts split over tp = {1}",

@@ -3,7 +3,9 @@
 // gpt-oss's attention (biases on q/k/v/o, a learned sink logit per head, sliding windows in
 // alternate layers) splits its heads over tp = 2: q/k/v and their biases by rows, the sinks
 // with their heads, o by columns; o's bias is held by tp rank 0 alone (the others bind zeros),
-// so the sum over tp adds it once. Its experts (with biases) stay whole. With the biases and
+// so the sum over tp adds it once. Its experts split their intermediate features the same way:
+// each rank a window of whole (gate, up) column pairs of gate_up_proj and of its bias, and
+// down_proj's rows; down's bias, like o's, is held by tp rank 0 alone. With the biases and
 // sinks made nonzero (a random model starts them at zero, where a bias added twice or sinks on
 // the wrong heads would go unseen), two thread ranks train like one, with and without
 // sequence parallel, and the exported adapter scores the data as one rank's does.
@@ -32,15 +34,23 @@
 // RUN:     --adapter %t/single/adapter > %t/single_forward
 // RUN: diff %t/tp_forward %t/single_forward
 
-// COMPILE: moec: warning: --moe-propagate-sharding: tp = 2 keeps @gqa_sliding_moe (experts) whole on every tp rank: it has biases
+// COMPILE-NOT: warning
 // COMPILE: moec: wrote {{.*}}tp.moeplan ({{[0-9]+}} steps, {{[0-9]+}} buffers per rank, 2 ranks)
 // BIND: rank 0
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.q_proj.bias" slice [0+32]
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.sinks" slice [0+2]
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.o_proj.bias"{{$}}
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.gate_up_proj" slice [0+4,0+64,0+32]
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.gate_up_proj_bias" slice [0+4,0+32]
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.down_proj" slice [0+4,0+16,0+64]
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.down_proj_bias"{{$}}
 // BIND: rank 1
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.q_proj.bias" slice [32+32]
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.sinks" slice [2+2]
 // BIND: bind %{{[0-9]+}} "model.layers.0.self_attn.o_proj.bias" zeros
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.gate_up_proj" slice [0+4,0+64,32+32]
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.gate_up_proj_bias" slice [0+4,32+32]
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.down_proj" slice [0+4,16+16,0+64]
+// BIND: bind %{{[0-9]+}} "model.layers.0.mlp.experts.down_proj_bias" zeros
 // NONZERO: 16 biases and sinks set
 // SAME: 4 steps agree within 1e-05
