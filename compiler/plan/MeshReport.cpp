@@ -44,6 +44,7 @@ struct LayerFacts {
   int64_t a2aBytes[3] = {0, 0, 0}, a2aCount[3][2] = {{0, 0}, {0, 0}, {0, 0}};
   int64_t topK = 1; // expert copies per token (the dispatch's rows over its tokens)
   bool hasRouter = false, linearAfterRouter = false, recompute = false;
+  bool expertAdapters = false; // its expert MLP trains adapters: tp keeps the experts whole
   int64_t outBytes = 0; // its [tokens, hidden] output
   int64_t flops = 0;
   /// Blocks with tensor-parallel weights: the token mixer, and the channel mixer unless it
@@ -157,6 +158,9 @@ Facts analyze(const Program &program) {
       layer.recompute |= step.phase == plan::RECOMPUTE;
       if (step.phase == plan::FORWARD && kernel == "router")
         layer.hasRouter = true;
+      if (step.phase == plan::FORWARD && kernel == "expert_mlp")
+        for (int id : step.inputs)
+          layer.expertAdapters |= buffers[id].role == plan::LORA_PARAM;
       else if (step.phase == plan::FORWARD && kernel == "linear" && layer.hasRouter)
         layer.linearAfterRouter = true;
       // The expert-side rows each all-to-all moves: what dispatch sends to the experts, what
@@ -322,7 +326,12 @@ private:
           param.layer >= 0 ? inStage(param.layer) : (param.pre && st.embedding) || (param.post && st.lmHead);
       if (!here)
         continue;
-      int64_t ways = param.split.axis == Axis::Tp ? mesh.tp : param.split.axis == Axis::Ep ? mesh.ep : 1;
+      // Routed experts split over ep; without ep, --moe-propagate-sharding splits their
+      // intermediate features over tp instead, unless they train adapters.
+      int64_t expertWays = mesh.ep > 1 ? mesh.ep
+                           : param.layer >= 0 && !f.layers[param.layer].expertAdapters ? mesh.tp
+                                                                                         : 1;
+      int64_t ways = param.split.axis == Axis::Tp ? mesh.tp : param.split.axis == Axis::Ep ? expertWays : 1;
       auto bytesOf = [&](int id) { return aligned(splitBytes(buffers[id], param.split, ways)); };
       const ProgramBuffer &buffer = buffers[param.id];
       if (buffer.role == plan::WEIGHT) {
@@ -513,7 +522,8 @@ private:
                       mesh.dp * mesh.ep, e.tokensPerMicroBatch)
             .str());
     lines.push_back("weights: routed experts (a {expert} tensor or an expert_mlp weight) split dim 0 "
-                    "over ep, not over tp; a linear [out, in] is row-parallel over tp (split in) when it "
+                    "over ep; without ep, their intermediate features over tp (unless they train "
+                    "adapters: then whole); a linear [out, in] is row-parallel over tp (split in) when it "
                     "writes the model width from anything but a norm (o_proj, down_proj, fc2 latent), "
                     "otherwise column-parallel (split out: q/k/v, gate/up, latent and low-rank "
                     "projections); embedding and LM head vocab-parallel; norms, routers, biases, "

@@ -183,7 +183,7 @@ TEST_F(MeshReportTest, TensorParallelSplitsLinearsByTheirRole) {
                      + kHidden * kHeads * kHeadDim * kF32 / 2 // o_proj row-parallel
                      + padded(kHidden * kF32)                 // post_attention_layernorm
                      + kExperts * kHidden * kF32              // router, replicated
-                     + 3 * kExpertTensor;                     // experts: ep, not tp
+                     + 3 * padded(kExpertTensor / 2);         // experts: their features split (no ep)
   int64_t modelLevel = 2 * kVocab * kHidden * kF32 / 2        // embedding, LM head: vocab-parallel
                        + padded(kHidden * kF32);              // final norm
   EXPECT_EQ(mem.weight, kLayers * perLayer + modelLevel);
