@@ -286,7 +286,7 @@ public:
     e.mesh = mesh;
     e.options = options;
     int64_t pp = std::max<int64_t>(1, mesh.pp);
-    e.microBatches = options.microBatches > 0 ? options.microBatches : pp;
+    e.microBatches = options.microBatches > 0 ? options.microBatches : pp > 1 ? 2 * pp : 1;
     e.tokensPerMicroBatch = f.program->tokens();
     e.globalTokensPerStep = e.tokensPerMicroBatch * mesh.dp * mesh.ep * e.microBatches;
     e.numLayers = f.numLayers;
@@ -535,7 +535,7 @@ private:
                                   "with {1} micro-batch(es) per step{2}: stage s keeps the saved "
                                   "activations of min(pp-s, micro-batches) of them",
                                   f.numLayers, e.microBatches,
-                                  options.microBatches > 0 ? "" : " (pp, the fewest that fill it)")
+                                  options.microBatches > 0 ? "" : " (2 x pp, as --pipeline-micro-batches 0)")
                         .str());
     lines.push_back("activations: a saved activation (a forward value the backward reads) belongs to "
                     "the layer whose step reads it last; saved and transient (the rest of the "

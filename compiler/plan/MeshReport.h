@@ -31,7 +31,8 @@ struct MeshOptions {
   int64_t gpusPerNode = 8;
   double intraNodeBytesPerSecond = 900e9; // NVLink (H200 SXM)
   double interNodeBytesPerSecond = 50e9;  // 400 Gb/s per GPU
-  /// Micro-batches per step and pipeline; 0 = pp (the fewest that fill 1F1B).
+  /// Micro-batches per step and pipeline; 0 = 2 x pp, as the plan has them
+  /// (--moe-schedule-pipeline's default).
   int64_t microBatches = 0;
 };
 

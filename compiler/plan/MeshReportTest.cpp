@@ -224,7 +224,7 @@ TEST_F(MeshReportTest, TensorParallelSplitsLinearsByTheirRole) {
 TEST_F(MeshReportTest, PipelineStagesSplitLayersAndHoldMicroBatchesInFlight) {
   MeshEstimate e = estimate(moe::MeshShape{1, 1, /*pp=*/2, 1});
   ASSERT_EQ(e.stages.size(), 2u);
-  EXPECT_EQ(e.microBatches, 2);
+  EXPECT_EQ(e.microBatches, 4); // 2 x pp, as the plan runs them by default
   const StageEstimate &first = e.stages[0], &last = e.stages[1];
   EXPECT_EQ(first.firstLayer, 0);
   EXPECT_EQ(first.endLayer, 1);
@@ -254,14 +254,14 @@ TEST_F(MeshReportTest, PipelineStagesSplitLayersAndHoldMicroBatchesInFlight) {
             arena(plan::ACTIVATION));
   EXPECT_EQ(first.memory.activation, 2 * first.memory.savedActivation + first.memory.transientActivation);
 
-  // Two micro-batches: the first stage sends activations forward, the last sends gradients back.
+  // Four micro-batches: the first stage sends activations forward, the last sends gradients back.
   const CommEstimate *forward = find(first, "send/recv", "fwd");
   ASSERT_NE(forward, nullptr);
-  EXPECT_EQ(forward->bytes, 2 * hidden);
+  EXPECT_EQ(forward->bytes, 4 * hidden);
   EXPECT_EQ(find(first, "send/recv", "bwd"), nullptr);
   const CommEstimate *backward = find(last, "send/recv", "bwd");
   ASSERT_NE(backward, nullptr);
-  EXPECT_EQ(backward->bytes, 2 * hidden);
+  EXPECT_EQ(backward->bytes, 4 * hidden);
   EXPECT_EQ(find(last, "send/recv", "fwd"), nullptr);
 }
 

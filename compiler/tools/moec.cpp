@@ -460,7 +460,9 @@ int runCompile(int argc, char **argv) {
     moec::compiler::printReport(model, *program, output->os());
   if (meshReport) {
     output->os() << "\n";
-    moec::compiler::printMeshReport(model, *program, mesh, moec::compiler::kH200Bytes, output->os());
+    moec::compiler::MeshOptions estimate;
+    estimate.microBatches = pipelineMicroBatches; // the plan's, when given
+    moec::compiler::printMeshReport(model, *program, mesh, estimate, output->os());
   }
   if (planned) {
     options.mesh = mesh.str();
