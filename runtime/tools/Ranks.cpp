@@ -42,17 +42,18 @@ CpuRanks::CpuRanks(const plan::Plan &plan, double timeoutSeconds) : plan(plan) {
   all = comm::makeCpuGroup(plan.ranks_size(), timeoutSeconds);
 }
 
-RankLinks CpuRanks::links(int rank) {
+RankLinks CpuRanks::links(int rank, const comm::HostTransfers *staging) {
   RankLinks links;
+  auto own = [&](std::unique_ptr<comm::Communicator> host) {
+    links.owned.push_back(staging ? comm::makeHostStagedCommunicator(std::move(host), *staging) : std::move(host));
+    return links.owned.back().get();
+  };
   for (const plan::Group &group : plan.ranks(rank).groups()) {
     std::vector<int32_t> members = membersOf(group);
-    links.owned.push_back(comm::makeCpuCommunicator(groups.at(members), indexIn(members, rank)));
-    links.groups.push_back(links.owned.back().get());
+    links.groups.push_back(own(comm::makeCpuCommunicator(groups.at(members), indexIn(members, rank))));
   }
-  if (plan.ranks_size() > 1) {
-    links.owned.push_back(comm::makeCpuCommunicator(all, rank));
-    links.everyone = links.owned.back().get();
-  }
+  if (plan.ranks_size() > 1)
+    links.everyone = own(comm::makeCpuCommunicator(all, rank));
   return links;
 }
 

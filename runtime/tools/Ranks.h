@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/CpuCommunicator.h"
+#include "runtime/comm/HostStagedCommunicator.h"
 #include "runtime/comm/LaunchEnv.h"
 #include "runtime/comm/TcpStore.h"
 #include "runtime/plan/plan.pb.h"
@@ -39,8 +40,10 @@ struct RankLinks {
 class CpuRanks {
 public:
   CpuRanks(const plan::Plan &plan, double timeoutSeconds);
-  /// Rank `rank`'s links (call once per rank, from any thread).
-  RankLinks links(int rank);
+  /// Rank `rank`'s links (call once per rank, from any thread). With `staging`, the rank's
+  /// buffers are device memory: each collective goes through host memory (thread ranks that
+  /// share one GPU).
+  RankLinks links(int rank, const comm::HostTransfers *staging = nullptr);
   /// Fails every rank's collectives at once with `why` (a rank that returned early).
   void abort(const std::string &why);
 

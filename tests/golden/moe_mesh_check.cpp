@@ -1,6 +1,7 @@
 //===- moe_mesh_check.cpp - a multi-rank run equals the single-rank run ---===//
 //
-//   moe-mesh-check DIR --mesh dp=2,ep=2,pp=2 [--dtype float32|bfloat16] [--backend cpu|cuda] [--cpu-threads N]
+//   moe-mesh-check DIR --mesh dp=2,ep=2,pp=2 [--dtype float32|bfloat16] [--backend cpu|cuda [--ranks-on-one-gpu]]
+//                  [--cpu-threads N]
 //                  [--plan SINGLE --mesh-plan MESH [--f32-plan SINGLE_F32]] [--tolerance R] [--recompute POLICY]
 //
 // DIR is a golden family (config.json, model.safetensors, adapter/,
@@ -12,7 +13,9 @@
 // takes both plans (--plan, --mesh-plan: where moec cannot run). Runs
 // the single rank, then every rank of the mesh as a thread of this process
 // (the CPU communicator; with --backend cuda, rank r on GPU r with NCCL, the
-// single rank on GPU 0), each on its own sequences, from the golden adapter:
+// single rank on GPU 0; with --ranks-on-one-gpu every rank on GPU 0, the CPU
+// communicator's collectives staged through host memory: every kernel of the
+// mesh plan on the GPU, one GPU enough), each on its own sequences, from the golden adapter:
 // three AdamW steps (lr 1e-3, constant, no clipping). Prints one line per
 // tensor comparing the mesh with the single rank: the loss before each step,
 // every LoRA gradient of the first step, every parameter after the three
@@ -77,9 +80,10 @@ struct Run {
 };
 
 /// Three steps of `plan`'s rank `rank` on rows [first, first + rows) of the batch.
-/// Where the ranks run: the CPU (threads), or GPU r for rank r (NCCL through a store here).
+/// Where the ranks run: the CPU (threads), GPU r for rank r (NCCL through a store here), or
+/// every rank on GPU 0 (oneGpu: the CPU collectives through host memory).
 struct Placement {
-  bool cuda = false;
+  bool cuda = false, oneGpu = false;
   int threads = 1, port = 0;
   CpuRanks *cpu = nullptr;
 };
@@ -94,7 +98,7 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
   };
   std::unique_ptr<Device> device;
   if (where.cuda) {
-    auto gpu = cuda::makeCudaDevice(rank);
+    auto gpu = cuda::makeCudaDevice(where.oneGpu ? 0 : rank);
     if (!gpu.ok())
       return fail(gpu.status());
     device = std::move(*gpu);
@@ -102,7 +106,12 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
     device = makeCpuDevice(where.threads);
   }
   RankLinks links;
-  if (plan.ranks_size() > 1 && where.cuda) {
+  comm::HostTransfers staging{
+      [&](void *host, const void *from, size_t bytes) { return device->download(host, from, bytes); },
+      [&](void *to, const void *host, size_t bytes) { return device->upload(to, host, bytes); }};
+  if (plan.ranks_size() > 1 && where.oneGpu) {
+    links = where.cpu->links(rank, &staging);
+  } else if (plan.ranks_size() > 1 && where.cuda) {
     comm::LaunchEnv env;
     env.rank = rank;
     env.worldSize = plan.ranks_size();
@@ -172,10 +181,11 @@ int main(int argc, char **argv) {
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
-  bool fusedExperts = false, overlap = false, sequenceParallel = false;
+  bool fusedExperts = false, overlap = false, sequenceParallel = false, oneGpu = false;
   std::string error;
   if (!args.integer("cpu-threads", 1, threads, error) || !args.flag("fused-expert-backward", fusedExperts, error) ||
-      !args.flag("overlap", overlap, error) || !args.flag("sequence-parallel", sequenceParallel, error))
+      !args.flag("overlap", overlap, error) || !args.flag("sequence-parallel", sequenceParallel, error) ||
+      !args.flag("ranks-on-one-gpu", oneGpu, error))
     return fail(error);
   double tolerance = dtype == "bfloat16" ? 2e-2 : 1e-4, perturb = 1.0;
   if (std::string given = args.get("perturb-mesh-grads"); !given.empty()) {
@@ -198,7 +208,7 @@ int main(int argc, char **argv) {
     return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks, --overlap, "
                 "--sequence-parallel and --tp-replicate are for the plans moe-mesh-check compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
-    return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda] "
+    return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda [--ranks-on-one-gpu]] "
                 "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
                 "[--expert-placement FILE] [--token-blocks N] [--overlap] [--sequence-parallel] [--tp-replicate KINDS] "
                 "[--plan SINGLE --mesh-plan MESH [--f32-plan SINGLE_F32]]");
@@ -210,9 +220,13 @@ int main(int argc, char **argv) {
     return fail("--dtype must be float32 or bfloat16, got '" + dtype + "'");
   if (backend != "cpu" && backend != "cuda")
     return fail("--backend must be cpu or cuda, got '" + backend + "'");
-  if (backend == "cuda" && cuda::cudaDeviceCount() < mesh.size())
+  if (oneGpu && backend != "cuda")
+    return fail("--ranks-on-one-gpu puts the ranks on GPU 0: it needs --backend cuda");
+  if (backend == "cuda" && !oneGpu && cuda::cudaDeviceCount() < mesh.size())
     return fail("--backend cuda runs rank r on GPU r: " + std::to_string(mesh.size()) + " ranks, " +
-                std::to_string(cuda::cudaDeviceCount()) + " GPUs");
+                std::to_string(cuda::cudaDeviceCount()) + " GPUs (--ranks-on-one-gpu runs them all on GPU 0)");
+  if (backend == "cuda" && cuda::cudaDeviceCount() < 1)
+    return fail("--backend cuda: no GPU is visible");
 
   auto golden = weights::SafetensorsFile::open(dir + "/golden.safetensors");
   if (!golden.ok())
@@ -316,9 +330,11 @@ int main(int argc, char **argv) {
   int world = sharded->ranks_size();
   Placement where;
   where.cuda = backend == "cuda";
+  where.oneGpu = oneGpu;
   where.threads = static_cast<int>(threads);
   std::printf("%s: mesh %s (%d ranks as threads, %s) against one rank, %lld sequences, %s storage\n",
-              dir.c_str(), mesh.str().c_str(), world, where.cuda ? "a GPU each, NCCL" : "CPU",
+              dir.c_str(), mesh.str().c_str(), world,
+              oneGpu ? "all on GPU 0, collectives through host memory" : where.cuda ? "a GPU each, NCCL" : "CPU",
               static_cast<long long>(batch), dtype.c_str());
 
   Run reference = train(*single, 0, dir, adapter, ids, labels, seq, 0, batch, where);
@@ -336,7 +352,7 @@ int main(int argc, char **argv) {
     where.cpu = &cpu;
     // NCCL's store, served here on a port the system picks; the ranks connect to it.
     std::unique_ptr<comm::TcpStore> store;
-    if (where.cuda) {
+    if (where.cuda && !where.oneGpu) {
       auto opened = comm::TcpStore::open("127.0.0.1", 0, /*serve=*/true, 30);
       if (!opened.ok())
         return fail(std::string(opened.status().message()));

@@ -18,6 +18,9 @@
 #                               ep=2 and dp=2 with --overlap (ep=2-overlap, dp=2-overlap); MESHES
 #                               and SCALE_MESHES (e.g. "tp=2", "single tp=2") run fewer; HANG=0
 #                               skips the stopped-rank check
+#   tests/gpu/gpu_run.sh mesh1  on one GPU: the mesh checks of `mesh` with every rank on GPU 0
+#                               (--ranks-on-one-gpu: the kernels of the mesh plans on the GPU,
+#                               the collectives through host memory; no NCCL, no scale)
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16 (and bf16 with --fuse-lora, three in f32 with
@@ -137,8 +140,10 @@ if [ "${1:-}" = pack ]; then
   exit 0
 fi
 
-[ "${1:-}" = run ] || [ "${1:-}" = bench ] || [ "${1:-}" = mesh ] || [ "${1:-}" = profile ] ||
-  { echo "usage: $0 pack|run|bench|mesh|profile" >&2; exit 2; }
+case "${1:-}" in
+  run | bench | mesh | mesh1 | profile) ;;
+  *) echo "usage: $0 pack|run|bench|mesh|mesh1|profile" >&2; exit 2 ;;
+esac
 out="${OUT:-$pack/out}"
 mkdir -p "$out"
 [ -f "$pack/pack.tar.xz" ] && tar -C "$pack" -xJf "$pack/pack.tar.xz"
@@ -169,21 +174,16 @@ if [ "$1" = bench ]; then # the kernel micro-benchmarks and the single-GPU table
   [ "${KERNELS_ONLY:-0}" = 1 ] || PATH="$PWD/$pack/bin:$PATH" bash bench/bench.sh run "$pack/plans/bench"
   exit 0
 fi
-if [ "$1" = mesh ]; then
-  nvidia-smi -L || true
-  summary=()
-  for t in runtime_comm_nccl_communicator_test runtime_kernels_cuda_routing_expert_mlp_test \
-    runtime_backends_cuda_copy_blocks_test; do
-    if "$pack/bin/tests/$t" >"$out/$t.log" 2>&1; then status=ok; else status=FAILED; fi
-    summary+=("$(printf '%-62s %-7s %s' "$t" "$status" "$(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')")")
-  done
+# Every golden family on the mesh plans against one GPU (moe-mesh-check, f32 and bf16); extra
+# flags (--ranks-on-one-gpu) go to every check. Appends to summary.
+meshChecks() {
   : >"$out/mesh_check.log"
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
       for mesh in ${MESHES:-dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp}; do
         single="$pack/plans/$f.$dtype.fused.moeplan"; [ "$mesh" = pp=2 ] && single="$pack/plans/$f.$dtype.batch4.moeplan"
         if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "${mesh%-*}" \
-          --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" \
+          --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" "$@" \
           $([ "$dtype" = bfloat16 ] && echo --f32-plan "${single/.bfloat16./.float32.}") \
           >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
         { echo "===== moe-mesh-check $f $dtype $mesh ($status)"; cat "$out/one.log"; } >>"$out/mesh_check.log"
@@ -192,6 +192,23 @@ if [ "$1" = mesh ]; then
     done
   done
   rm -f "$out/one.log"
+}
+if [ "$1" = mesh1 ]; then
+  nvidia-smi -L || true
+  summary=()
+  meshChecks --ranks-on-one-gpu
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+  exit 0
+fi
+if [ "$1" = mesh ]; then
+  nvidia-smi -L || true
+  summary=()
+  for t in runtime_comm_nccl_communicator_test runtime_kernels_cuda_routing_expert_mlp_test \
+    runtime_backends_cuda_copy_blocks_test; do
+    if "$pack/bin/tests/$t" >"$out/$t.log" 2>&1; then status=ok; else status=FAILED; fi
+    summary+=("$(printf '%-62s %-7s %s' "$t" "$status" "$(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.log" | tr '\n' ' ')")")
+  done
+  meshChecks
   : >"$out/scale.log"
   for mesh in ${SCALE_MESHES:-single dp=2 ep=2 ep=2-routed pp=2 tp=2 tp=2-sp tp=2-spx ep=2-overlap dp=2-overlap}; do
     nproc=2; [ "$mesh" = single ] && nproc=1
