@@ -11,8 +11,9 @@
 #                               step's kernels under ncu ($OUT/ncu.csv)
 #   tests/gpu/gpu_run.sh mesh   on a machine with 2 GPUs: the NCCL and expert MLP tests, every
 #                               golden family on dp=2, ep=2 (and ep=2-all: --ep-exchange all), pp=2
-#                               tp=2 and tp=2-sp (--sequence-parallel) (a GPU per rank) against one GPU (moe-mesh-check, f32 and
-#                               bf16), and Qwen3-30B-A3B (48 layers, 4096 tokens per GPU) on one GPU,
+#                               tp=2, tp=2-sp (--sequence-parallel), ep=2-overlap and dp=2-overlap
+#                               (--overlap: two streams) (a GPU per rank) against one GPU
+#                               (moe-mesh-check, f32 and bf16), and Qwen3-30B-A3B (48 layers, 4096 tokens per GPU) on one GPU,
 #                               dp, ep (its default exchange, and ep=2-routed), pp, tp=2: tokens/s
 #                               per GPU and exposed communication (moe-run bench --nproc 2), also
 #                               ep=2 and dp=2 with --overlap (ep=2-overlap, dp=2-overlap); MESHES
@@ -103,7 +104,7 @@ if [ "${1:-}" = pack ]; then
   # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp; do
+      for mesh in dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap; do
         # tp ranks share their sequences: both of the golden batch's, as on one GPU.
         batch=1; [ "${mesh%-sp}" = tp=2 ] && batch=2
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
@@ -180,7 +181,7 @@ meshChecks() {
   : >"$out/mesh_check.log"
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in ${MESHES:-dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp}; do
+      for mesh in ${MESHES:-dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap}; do
         single="$pack/plans/$f.$dtype.fused.moeplan"; [ "$mesh" = pp=2 ] && single="$pack/plans/$f.$dtype.batch4.moeplan"
         if "$pack/bin/moe-mesh-check" "$pack/golden/$f" --backend cuda --dtype "$dtype" --mesh "${mesh%-*}" \
           --plan "$single" --mesh-plan "$pack/plans/$f.$dtype.$mesh.moeplan" "$@" \
