@@ -160,7 +160,7 @@ Facts analyze(const Program &program) {
         layer.hasRouter = true;
       if (step.phase == plan::FORWARD && kernel == "expert_mlp")
         for (int id : step.inputs)
-          layer.expertAdapters |= buffers[id].role == plan::LORA_PARAM;
+          layer.expertAdapters |= buffers[id].role == plan::LORA_PARAM && moe::isAdapterTensorName(buffers[id].tensor);
       else if (step.phase == plan::FORWARD && kernel == "linear" && layer.hasRouter)
         layer.linearAfterRouter = true;
       // The expert-side rows each all-to-all moves: what dispatch sends to the experts, what
@@ -286,7 +286,7 @@ public:
     e.mesh = mesh;
     e.options = options;
     int64_t pp = std::max<int64_t>(1, mesh.pp);
-    e.microBatches = options.microBatches > 0 ? options.microBatches : pp > 1 ? 2 * pp : 1;
+    e.microBatches = pp == 1 ? 1 : options.microBatches > 0 ? options.microBatches : 2 * pp;
     e.tokensPerMicroBatch = f.program->tokens();
     e.globalTokensPerStep = e.tokensPerMicroBatch * mesh.dp * mesh.ep * e.microBatches;
     e.numLayers = f.numLayers;
@@ -328,9 +328,9 @@ private:
         continue;
       // Routed experts split over ep; without ep, --moe-propagate-sharding splits their
       // intermediate features over tp instead, unless they train adapters.
-      int64_t expertWays = mesh.ep > 1 ? mesh.ep
-                           : param.layer >= 0 && !f.layers[param.layer].expertAdapters ? mesh.tp
-                                                                                         : 1;
+      bool expertsSplitOverTp =
+          !options.expertsWholeOverTp && param.layer >= 0 && !f.layers[param.layer].expertAdapters;
+      int64_t expertWays = mesh.ep > 1 ? mesh.ep : expertsSplitOverTp ? mesh.tp : 1;
       int64_t ways = param.split.axis == Axis::Tp ? mesh.tp : param.split.axis == Axis::Ep ? expertWays : 1;
       auto bytesOf = [&](int id) { return aligned(splitBytes(buffers[id], param.split, ways)); };
       const ProgramBuffer &buffer = buffers[param.id];
@@ -523,7 +523,8 @@ private:
             .str());
     lines.push_back("weights: routed experts (a {expert} tensor or an expert_mlp weight) split dim 0 "
                     "over ep; without ep, their intermediate features over tp (unless they train "
-                    "adapters: then whole); a linear [out, in] is row-parallel over tp (split in) when it "
+                    "adapters or --tp-replicate experts keeps them: then whole; other --tp-replicate "
+                    "kinds and moe.tp_replicated annotations are not simulated); a linear [out, in] is row-parallel over tp (split in) when it "
                     "writes the model width from anything but a norm (o_proj, down_proj, fc2 latent), "
                     "otherwise column-parallel (split out: q/k/v, gate/up, latent and low-rank "
                     "projections); embedding and LM head vocab-parallel; norms, routers, biases, "
@@ -535,7 +536,7 @@ private:
                                   "with {1} micro-batch(es) per step{2}: stage s keeps the saved "
                                   "activations of min(pp-s, micro-batches) of them",
                                   f.numLayers, e.microBatches,
-                                  options.microBatches > 0 ? "" : " (2 x pp, as --pipeline-micro-batches 0)")
+                                  options.microBatches > 0 || mesh.pp <= 1 ? "" : " (2 x pp, as --pipeline-micro-batches 0)")
                         .str());
     lines.push_back("activations: a saved activation (a forward value the backward reads) belongs to "
                     "the layer whose step reads it last; saved and transient (the rest of the "

@@ -34,6 +34,8 @@ struct MeshOptions {
   /// Micro-batches per step and pipeline; 0 = 2 x pp, as the plan has them
   /// (--moe-schedule-pipeline's default).
   int64_t microBatches = 0;
+  /// --tp-replicate experts: routed experts stay whole on every tp rank.
+  bool expertsWholeOverTp = false;
 };
 
 /// Bytes one GPU holds, by role (each buffer padded to 256 bytes, as the arenas are).

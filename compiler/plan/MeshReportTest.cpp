@@ -219,6 +219,15 @@ TEST_F(MeshReportTest, TensorParallelSplitsLinearsByTheirRole) {
     EXPECT_FALSE(c->crossesNodes);
   }
   EXPECT_EQ(st.comm.size(), 4u);
+
+  // --tp-replicate experts keeps them whole; the rest splits as before. Without pp, the
+  // micro-batches option has no effect (as on the plan).
+  MeshOptions whole;
+  whole.expertsWholeOverTp = true;
+  whole.microBatches = 4;
+  MeshEstimate replicated = estimate(moe::MeshShape{1, /*tp=*/2, 1, 1}, whole);
+  EXPECT_EQ(replicated.stages[0].memory.weight - mem.weight, kLayers * 3 * (kExpertTensor - padded(kExpertTensor / 2)));
+  EXPECT_EQ(replicated.microBatches, 1);
 }
 
 TEST_F(MeshReportTest, PipelineStagesSplitLayersAndHoldMicroBatchesInFlight) {

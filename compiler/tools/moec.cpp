@@ -461,7 +461,9 @@ int runCompile(int argc, char **argv) {
   if (meshReport) {
     output->os() << "\n";
     moec::compiler::MeshOptions estimate;
-    estimate.microBatches = pipelineMicroBatches; // the plan's, when given
+    if (mesh.pp > 1)
+      estimate.microBatches = pipelineMicroBatches; // the plan's, when given
+    estimate.expertsWholeOverTp = llvm::is_contained(tpReplicate, "experts");
     moec::compiler::printMeshReport(model, *program, mesh, estimate, output->os());
   }
   if (planned) {
