@@ -186,16 +186,39 @@ private:
         }
       return any;
     };
+    // A weight a model.mlir trains in full gets no adapter: PEFT saves a module either way, not
+    // both. all-linear leaves it out; a target naming it is an error.
+    bool trainedInFull = false;
     layer.walk([&](moe::LinearOp linear) {
       std::string path = modulePath(linear.getWeight(), layer);
       if (path.empty()) {
         LLVM_DEBUG(llvm::dbgs() << "no checkpoint name, not adaptable: " << linear << "\n");
-        return;
+        return WalkResult::advance();
       }
       t.linearNames.insert(moduleName(path).str());
+      auto weight = linear.getWeight().getDefiningOp<moe::WeightOp>();
+      auto param = weight ? SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr())
+                          : moe::ParamOp();
+      if (param && param.getTrainable()) {
+        bool named = llvm::any_of(parsed, [&](const Target &target) {
+          return target.module == moduleName(path) &&
+                 (target.type.empty() || llvm::is_contained(t.types, target.type));
+        });
+        if (named) {
+          linear.emitError() << "moe-inject-lora: @" << param.getSymName()
+                             << " is trained in full (trainable in the model), so '" << moduleName(path)
+                             << "' cannot also get an adapter: PEFT saves a module either way, not both";
+          trainedInFull = true;
+          return WalkResult::interrupt();
+        }
+        return WalkResult::advance();
+      }
       if (wants(moduleName(path), /*expert=*/false))
         t.linears.emplace_back(linear, path);
+      return WalkResult::advance();
     });
+    if (trainedInFull)
+      return failure();
     WalkResult walk = layer.walk([&](moe::ExpertMLPOp op) {
       // gpt-oss keeps gate and up interleaved in one [in, out] tensor per layer.
       if (op.getFusedGateUp() || op.getInOutLayout()) {

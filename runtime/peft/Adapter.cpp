@@ -29,7 +29,7 @@ namespace {
 using weights::DType;
 using weights::JsonValue;
 
-constexpr char kNamePrefix[] = "base_model.model.";
+constexpr const char *kNamePrefix = kPeftNamePrefix;
 
 /// PEFT's TaskType values.
 const std::set<std::string> &taskTypes() {
@@ -312,8 +312,8 @@ absl::StatusOr<std::string> savedModule(const std::string &name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", name,
         "' is neither a LoRA tensor (a name ending in .lora_A.weight, .lora_B.weight, .lora_embedding_A "
-        "or .lora_embedding_B) nor a module's weight or bias (PEFT saves a module trained in full, "
-        "modules_to_save, as its .weight and .bias)"));
+        "or .lora_embedding_B) nor a module's weight or bias (the modules trained in full this exporter "
+        "writes as PEFT's modules_to_save)"));
   return std::string(path.substr(0, dot));
 }
 
@@ -701,11 +701,20 @@ absl::StatusOr<AdapterSpec> parseAdapterConfig(std::string_view text, const std:
   return spec;
 }
 
+bool isLoraTensorName(std::string_view name) { return loraPart(name) != LoraPart::Other; }
+
 absl::StatusOr<std::vector<std::string>>
 modulesToSaveOf(const std::map<std::string, std::vector<int64_t>> &tensors) {
   absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> each = expandExperts(tensors);
   if (!each.ok())
     return each.status();
+  for (const auto &[name, shape] : tensors)
+    if (loraPart(name) == LoraPart::Other && name.find(kExpertPlaceholder) != std::string::npos)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name,
+          "' is a per-expert checkpoint weight trained in full: transformers holds a layer's experts as "
+          "one fused parameter, so PEFT has no per-expert module to save (it would drop these silently); "
+          "train the experts with expert LoRA instead"));
   std::set<std::string> modules;
   for (const auto &[name, shape] : *each) {
     if (loraPart(name) != LoraPart::Other)
@@ -864,6 +873,15 @@ absl::StatusOr<Adapter> importAdapter(const std::string &dir, const ImportOption
   if (options.expectedShapes.empty())
     return adapter;
   std::set<std::string> expected;
+  for (const auto &[name, shape] : options.optionalShapes) {
+    auto found = adapter.tensors.find(name);
+    if (found == adapter.tensors.end())
+      continue;
+    if (found->second.shape != shape)
+      return error(absl::StrCat("shape mismatch: tensor '", name, "' has shape ", shapeText(found->second.shape),
+                                ", expected ", shapeText(shape)));
+    expected.insert(name);
+  }
   for (const auto &[name, shape] : options.expectedShapes) {
     absl::StatusOr<bool> stacked = hasExpertPlaceholder(name);
     if (!stacked.ok())
@@ -894,7 +912,7 @@ absl::StatusOr<Adapter> importAdapter(const std::string &dir, const ImportOption
   for (const auto &[name, tensor] : adapter.tensors)
     if (!expected.count(name))
       return error(absl::StrCat("unexpected tensor '", name, "' of shape ", shapeText(tensor.shape),
-                                " (the model has no such LoRA parameter)"));
+                                " (the plan trains no such tensor)"));
   return adapter;
 }
 

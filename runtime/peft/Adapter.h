@@ -35,6 +35,8 @@ namespace moec::runtime::peft {
 constexpr char kAdapterConfigFile[] = "adapter_config.json";
 constexpr char kAdapterWeightsFile[] = "adapter_model.safetensors";
 constexpr char kExpertPlaceholder[] = "{expert}";
+/// Every PEFT tensor name starts with it.
+constexpr char kPeftNamePrefix[] = "base_model.model.";
 /// The PEFT version whose adapter_config.json layout exportAdapter writes.
 constexpr char kPeftFormatVersion[] = "0.21.0";
 
@@ -92,7 +94,13 @@ struct ImportOptions {
   /// shapes. A name with `{expert}` and shape [E, ...] expects E per-expert
   /// tensors of shape [...].
   std::map<std::string, std::vector<int64_t>> expectedShapes;
+  /// Tensors the adapter may hold (then at these shapes) or leave out: a module trained in
+  /// full, which an adapter of LoRA tensors alone leaves at the base model's value.
+  std::map<std::string, std::vector<int64_t>> optionalShapes;
 };
+
+/// Whether `name` is a LoRA tensor's (.lora_A.weight, .lora_B.weight, .lora_embedding_A/B).
+bool isLoraTensorName(std::string_view name);
 
 /// The modules to save for `tensors` (PEFT name -> shape; a `{expert}` name of shape [E, ...]
 /// stands for E tensors): the module of each tensor that is not a LoRA tensor, sorted. An

@@ -354,6 +354,20 @@ TEST(AdapterTest, ModulesTrainedInFullRoundTrip) {
   EXPECT_EQ(adapter->spec, spec);
   EXPECT_EQ(adapter->tensors.at(std::string(kGate) + ".weight").data, tensors[2].data);
 
+  // A module trained in full is optional on import: absent (an adapter of LoRA tensors alone),
+  // or present at its shape.
+  std::map<std::string, std::vector<int64_t>> lora = shapes, full;
+  full[std::string(kGate) + ".weight"] = lora.at(std::string(kGate) + ".weight");
+  lora.erase(std::string(kGate) + ".weight");
+  ImportOptions optional{lora, full};
+  EXPECT_TRUE(importAdapter(dir, optional).ok());
+  std::string loraOnly = dir + "/lora_only";
+  ASSERT_TRUE(exportAdapter(loraOnly, smallSpec(), smallTensors()).ok());
+  EXPECT_TRUE(importAdapter(loraOnly, optional).ok());
+  optional.optionalShapes.begin()->second = {3, 4};
+  EXPECT_THAT(statusText(importAdapter(dir, optional).status()),
+              HasSubstr("shape mismatch: tensor 'base_model.model.model.layers.0.mlp.gate.weight' has shape [4, 3]"));
+
   // PEFT matches a module to save by the end of its path: "gate" names the same module.
   AdapterSpec bySuffix = spec;
   bySuffix.modulesToSave = {"gate"};
@@ -370,6 +384,11 @@ TEST(AdapterTest, ModulesTrainedInFullRefusals) {
   // A parameter that is no module's weight or bias (gpt-oss's attention sinks).
   EXPECT_THAT(statusText(modulesToSaveOf({{"base_model.model.model.layers.0.self_attn.sinks", {4}}}).status()),
               HasSubstr("is neither a LoRA tensor (a name ending in .lora_A.weight"));
+  // Experts trained in full: transformers fuses them, PEFT would drop them without a word.
+  EXPECT_THAT(statusText(modulesToSaveOf({{"base_model.model.model.layers.0.mlp.experts.{expert}.up_proj.weight",
+                                           {2, 4, 3}}})
+                             .status()),
+              HasSubstr("is a per-expert checkpoint weight trained in full"));
   EXPECT_THAT(statusText(modulesToSaveOf({{"model.layers.0.mlp.gate.weight", {4, 3}}}).status()),
               HasSubstr("PEFT names start with \"base_model.model.\""));
   std::map<std::string, std::vector<int64_t>> shapes = {{std::string(kQ) + ".lora_A.weight", {2, 3}},

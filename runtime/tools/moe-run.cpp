@@ -379,9 +379,14 @@ Batch shardOf(const data::Batch &global, int64_t shard, int64_t rows, int64_t se
 
 /// The adapter in `dir`, checked against the plan's LoRA tensors.
 absl::Status loadAdapter(const std::string &dir, Session &session) {
-  std::map<std::string, std::vector<int64_t>> expected = session.trainer->shapes();
+  // The LoRA tensors must be there; a module trained in full may be left out (an adapter of
+  // LoRA tensors alone): it keeps the checkpoint's value.
+  std::map<std::string, std::vector<int64_t>> expected, optional;
+  for (const auto &[name, shape] : session.trainer->shapes())
+    (peft::isLoraTensorName(name) || name.find("{expert}") != std::string::npos ? expected : optional)[name] = shape;
   peft::ImportOptions options;
   options.expectedShapes = expected;
+  options.optionalShapes = optional;
   absl::StatusOr<peft::Adapter> adapter = peft::importAdapter(dir, options);
   if (!adapter.ok())
     return adapter.status();
@@ -405,6 +410,9 @@ absl::Status loadAdapter(const std::string &dir, Session &session) {
       return stacked.status();
     values[name] = stacked->data;
   }
+  for (const auto &[name, shape] : optional)
+    if (auto found = adapter->tensors.find(name); found != adapter->tensors.end())
+      values[name] = found->second.data;
   return session.trainer->setAdapter(values);
 }
 
@@ -425,6 +433,20 @@ absl::StatusOr<peft::AdapterSpec> adapterSpecOf(const Session &session) {
   if (modules.ok())
     spec.modulesToSave = std::move(*modules);
   absl::Status checked = modules.ok() ? peft::checkAdapterTensors(spec, shapes) : modules.status();
+  // PEFT loads a module to save whole: a checkpoint tensor of it left frozen (a bias next to a
+  // trained weight) would be missing from the adapter, and PEFT fails on it.
+  std::set<std::string> saved(spec.modulesToSave.begin(), spec.modulesToSave.end());
+  for (const moec::plan::Rank &rank : session.plan.ranks())
+    for (const moec::plan::WeightBinding &binding : rank.weights()) {
+      const std::string &tensor = binding.tensor();
+      size_t dot = tensor.rfind('.');
+      if (!checked.ok() || dot == std::string::npos || !saved.count(tensor.substr(0, dot)) ||
+          shapes.count(peft::kPeftNamePrefix + tensor))
+        continue;
+      checked = absl::InvalidArgumentError(absl::StrCat(
+          "module '", tensor.substr(0, dot), "' is trained in full but its '", tensor.substr(dot + 1),
+          "' is frozen; PEFT saves and loads a module to save whole: mark ", tensor, " trainable too, or neither"));
+    }
   if (!checked.ok())
     return absl::InvalidArgumentError(absl::StrCat(session.planPath, ": its trained tensors make no PEFT adapter: ",
                                                    checked.message()));

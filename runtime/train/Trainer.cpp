@@ -259,6 +259,8 @@ absl::Status Trainer::initAdapter(uint64_t seed) {
 absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>> &values) {
   for (Tensor &t : tensors) {
     auto it = values.find(t.name);
+    if (it == values.end() && t.fromCheckpoint)
+      continue; // keeps the checkpoint's value
     if (it == values.end())
       return absl::NotFoundError(absl::StrCat("the adapter has no tensor '", t.name, "'"));
     size_t whole = 1;
@@ -269,8 +271,9 @@ absl::Status Trainer::setAdapter(const std::map<std::string, std::vector<float>>
                                                      " values, the plan expects ", whole));
   }
   for (Tensor &t : tensors)
-    if (absl::Status s = executor.writeFloats(t.param, partOf(t, values.at(t.name))); !s.ok())
-      return s;
+    if (auto it = values.find(t.name); it != values.end())
+      if (absl::Status s = executor.writeFloats(t.param, partOf(t, it->second)); !s.ok())
+        return s;
   return absl::OkStatus();
 }
 

@@ -52,7 +52,8 @@ public:
   /// full keeps the value the executor bound; every tensor's AdamW moments start at zero.
   absl::Status initAdapter(uint64_t seed);
   /// Sets the adapter tensors from `tensors` (PEFT name -> f32 values, stacked for
-  /// `{expert}` names); every plan tensor must be there with its size.
+  /// `{expert}` names); every plan tensor must be there with its size, except a checkpoint
+  /// weight trained in full, which keeps its value when absent.
   absl::Status setAdapter(const std::map<std::string, std::vector<float>> &tensors);
   /// The adapter as PEFT name -> f32 values (stacked for `{expert}` names), read from the device.
   /// On a pipeline each stage holds its layers' tensors: every rank must call this (and

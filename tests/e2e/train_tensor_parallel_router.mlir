@@ -6,7 +6,8 @@
 // tokens, so each rank computes its gate's gradient from its partial expert outputs: the gate
 // gets moe.tp_partial_grad and its gradient is summed over tp. Two thread ranks, with and
 // without sequence parallel, take the steps one rank takes and write the same adapter.
-// A parameter PEFT cannot save (gpt-oss's attention sinks) is refused before the first step.
+// A parameter PEFT cannot save (gpt-oss's attention sinks), or a module trained in part (gpt-oss's
+// router weight without its bias), is refused before the first step.
 //
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: moec import %inputs/tiny_qwen3_moe_4_layers.json -o %t/plain.mlir
@@ -48,9 +49,17 @@
 // RUN: diff %t/tp_forward %t/single_forward
 // RUN: diff %t/sp_forward %t/single_forward
 // RUN: not diff %t/single_forward %t/start_frozen > /dev/null
-// A frozen-gate plan refuses the adapter: it has no gate to load.
+// A frozen-gate plan refuses the adapter: it has no gate to load. The other way round, an adapter
+// of LoRA tensors alone leaves the trainable gates at the checkpoint's value.
 // RUN: not moe-run forward --plan %t/frozen.moeplan --model %t/model --data %inputs/train.jsonl \
 // RUN:     --adapter %t/single/adapter 2>&1 | FileCheck %s --check-prefix=FROZEN
+// RUN: moe-run train --plan %t/frozen.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --out %t/frozen --steps 2 2>/dev/null
+// RUN: moe-run forward --plan %t/frozen.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --adapter %t/frozen/adapter > %t/lora_only_frozen
+// RUN: moe-run forward --plan %t/single.moeplan --model %t/model --data %inputs/train.jsonl \
+// RUN:     --adapter %t/frozen/adapter > %t/lora_only_trainable
+// RUN: diff %t/lora_only_frozen %t/lora_only_trainable
 //
 // RUN: moec import %inputs/tiny_gpt_oss.json -o %t/gpt_oss.mlir
 // RUN: sed -e 's|moe.param @self_attn_sinks "\([^"]*\)" :|moe.param @self_attn_sinks "\1" trainable :|' \
@@ -58,6 +67,12 @@
 // RUN: moec compile %t/sinks.mlir --seq-len 32 --micro-batch 2 --lora-rank 4 -o %t/sinks.moeplan
 // RUN: not moe-run train --plan %t/sinks.moeplan --random-weights 0 --data %inputs/train.jsonl \
 // RUN:     --out %t/sinks --steps 2 2>&1 | FileCheck %s --check-prefix=SINKS
+// PEFT loads a module to save whole: gpt-oss's router trained without its bias is refused too.
+// RUN: sed -e 's|moe.param @mlp_router "\([^"]*\)" :|moe.param @mlp_router "\1" trainable :|' \
+// RUN:     %t/gpt_oss.mlir > %t/router.mlir
+// RUN: moec compile %t/router.mlir --seq-len 32 --micro-batch 2 --lora-rank 4 --lora-targets q_proj -o %t/router.moeplan
+// RUN: not moe-run train --plan %t/router.moeplan --random-weights 0 --data %inputs/train.jsonl \
+// RUN:     --out %t/router --steps 2 2>&1 | FileCheck %s --check-prefix=ROUTER
 
 // IR: moe.param @mlp_gate "{{[^"]*}}" trainable : tensor<8x96xf32> {moe.tp_partial_grad}
 // IR: moe.router %[[TOKENS:[0-9]+]]
@@ -73,4 +88,6 @@
 // FROZEN: unexpected tensor 'base_model.model.model.layers.0.mlp.gate.weight'
 // SINKS: sinks.moeplan: its trained tensors make no PEFT adapter: tensor 'base_model.model.model.layers.0.self_attn.sinks' is neither a LoRA tensor
 // SINKS-NOT: step 1/
+// ROUTER: module 'model.layers.0.mlp.router' is trained in full but its 'bias' is frozen; PEFT saves and loads a module to save whole: mark model.layers.0.mlp.router.bias trainable too, or neither
+// ROUTER-NOT: step 1/
 // SAME: 4 steps agree within 1e-05
