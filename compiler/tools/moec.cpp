@@ -355,9 +355,18 @@ int runCompile(int argc, char **argv) {
   // A model.mlir that holds adapters already (an earlier --emit=mlir) gets no default targets;
   // checkpoint weights marked trainable train next to the default adapters.
   bool hasAdapters = false;
+  std::string narrowTrained;
   model.walk([&](moec::moe::ParamOp param) {
     hasAdapters |= param.getTrainable() && moec::moe::isAdapterTensorName(param.getTensorName());
+    if (param.getTrainable() && !moec::moe::isAdapterTensorName(param.getTensorName()) &&
+        !param.getTensorType().getElementType().isF32() && narrowTrained.empty())
+      narrowTrained = param.getSymName().str();
   });
+  // Adapters are f32 whatever the model's dtype; a weight trained in full keeps its own, with no
+  // f32 master copy (as PEFT keeps a module to save).
+  if (!narrowTrained.empty())
+    errs() << "moec: warning: @" << narrowTrained << " (and any other trainable checkpoint weight not in f32) "
+           << "trains in its own dtype with no f32 master copy: AdamW steps below its resolution round away\n";
   if (!loraTargets.empty())
     options.loraTargets = loraTargets;
   else if (!hasAdapters && adapter.empty())

@@ -61,6 +61,11 @@
 // RUN:     --adapter %t/frozen/adapter > %t/lora_only_trainable
 // RUN: diff %t/lora_only_frozen %t/lora_only_trainable
 //
+// In bf16 a weight trained in full has no f32 master copy (adapters are f32): moec says so.
+// RUN: sed -e 's|"dtype": "float32"|"dtype": "bfloat16"|' %inputs/tiny_qwen3_moe_4_layers.json > %t/bf16.json
+// RUN: moec import %t/bf16.json | sed -e 's|moe.param @mlp_gate "\([^"]*\)" :|moe.param @mlp_gate "\1" trainable :|' > %t/bf16.mlir
+// RUN: moec compile %t/bf16.mlir --seq-len 32 --lora-rank 4 --lora-targets q_proj -o %t/bf16.moeplan 2>&1 \
+// RUN:     | FileCheck %s --check-prefix=BF16
 // RUN: moec import %inputs/tiny_gpt_oss.json -o %t/gpt_oss.mlir
 // RUN: sed -e 's|moe.param @self_attn_sinks "\([^"]*\)" :|moe.param @self_attn_sinks "\1" trainable :|' \
 // RUN:     %t/gpt_oss.mlir > %t/sinks.mlir
@@ -90,4 +95,5 @@
 // SINKS-NOT: step 1/
 // ROUTER: module 'model.layers.0.mlp.router' is trained in full but its 'bias' is frozen; PEFT saves and loads a module to save whole: mark model.layers.0.mlp.router.bias trainable too, or neither
 // ROUTER-NOT: step 1/
+// BF16: moec: warning: @mlp_gate (and any other trainable checkpoint weight not in f32) trains in its own dtype with no f32 master copy
 // SAME: 4 steps agree within 1e-05
