@@ -2,7 +2,7 @@
 //
 //   moe-run train --plan P (--model DIR | --random-weights SEED) --data FILE [--out DIR] [--steps N] [--adapter DIR]
 //                 [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]
-//                 [--backend cpu|cuda|auto] [--nproc N]
+//                 [--backend cpu|cuda|auto] [--nproc N [--ranks-on-one-gpu]]
 //   moe-run forward --plan P --model DIR --data FILE [--adapter DIR] [--batches N]
 //   moe-run bench --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N] [--nproc N]
 //   moe-run init CONFIG.json [--seed S] -o DIR [--plan P]
@@ -13,7 +13,10 @@
 // A plan for several ranks (moec --mesh) runs one rank per GPU process: under
 // torchrun, Slurm or Open MPI (their variables say which rank this is), or
 // with `--nproc N`, which starts the N local processes itself. On the CPU,
-// `--nproc N` runs the ranks as threads of this process. Rank 0 prints and
+// `--nproc N` runs the ranks as threads of this process; with --backend cuda
+// --ranks-on-one-gpu too, every thread rank on GPU 0 with the CPU collectives
+// staged through host memory (a multi-GPU plan checked on one GPU: its
+// kernels and results, not its speed). Rank 0 prints and
 // writes the checkpoint, metrics and adapter; every rank reads its own share of
 // each global batch (micro_batch sequences of the plan per data shard).
 //
@@ -90,6 +93,7 @@ struct RankSetup {
   int rank = 0, world = 1;
   int gpu = 0;                             // the CUDA ordinal: LOCAL_RANK for process ranks
   CpuRanks *threads = nullptr;             // thread ranks of this process
+  bool oneGpu = false;                     // thread ranks sharing GPU 0 (--ranks-on-one-gpu)
   std::optional<comm::LaunchEnv> process;  // a process rank (NCCL)
   bool lead() const { return rank == 0; }
 };
@@ -259,7 +263,12 @@ absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
   session.executor = std::move(*executor);
   if (setup.world > 1) {
     if (setup.threads) {
-      session.links = setup.threads->links(setup.rank);
+      // Ranks sharing one GPU: the CPU collectives, through host memory.
+      Device *device = session.device.get();
+      comm::HostTransfers staging{
+          [device](void *host, const void *from, size_t bytes) { return device->download(host, from, bytes); },
+          [device](void *to, const void *host, size_t bytes) { return device->upload(to, host, bytes); }};
+      session.links = setup.threads->links(setup.rank, setup.oneGpu ? &staging : nullptr);
     } else {
       absl::StatusOr<RankLinks> links =
           connectNccl(session.plan, *setup.process, session.device->stream(), kRankTimeoutSeconds,
@@ -882,13 +891,19 @@ int runRanks(int (*command)(Args &, const RankSetup &), int argc, char **argv) {
     setup.process = *env;
     return command(args, setup);
   }
-  if (nproc == 1)
+  bool oneGpu = false;
+  if (!args.flag("ranks-on-one-gpu", oneGpu, error))
+    return fail(error);
+  if (nproc == 1 && !oneGpu)
     return command(args, RankSetup{});
   std::string backend = args.get("backend", "cpu");
   int gpus = backend == "cpu" ? 0 : cuda::cudaDeviceCount();
-  if (backend == "cuda" && gpus < nproc)
-    return fail("--nproc " + std::to_string(nproc) + " needs as many GPUs; " + std::to_string(gpus) + " visible");
-  if (gpus >= nproc) { // one process per GPU; they find each other through a store here
+  if (oneGpu && (backend != "cuda" || gpus < 1 || nproc < 2))
+    return fail("--ranks-on-one-gpu runs --nproc N >= 2 thread ranks on GPU 0: it needs --backend cuda and a GPU");
+  if (backend == "cuda" && gpus < nproc && !oneGpu)
+    return fail("--nproc " + std::to_string(nproc) + " needs as many GPUs; " + std::to_string(gpus) +
+                " visible (--ranks-on-one-gpu runs them all on GPU 0, for checks)");
+  if (gpus >= nproc && !oneGpu) { // one process per GPU; they find each other through a store here
     std::vector<std::string> argvOfRanks;
     for (int i = 0; i < argc; ++i) {
       std::string a = argv[i];
@@ -917,12 +932,14 @@ int runRanks(int (*command)(Args &, const RankSetup &), int argc, char **argv) {
     ranks.emplace_back([&, r] {
       Args mine(argc, argv, 2);
       mine.has("nproc");
+      mine.has("ranks-on-one-gpu");
       if (backend == "auto")
         mine.set("backend", "cpu");
       RankSetup setup;
       setup.rank = r;
       setup.world = static_cast<int>(nproc);
       setup.threads = &hub;
+      setup.oneGpu = oneGpu;
       codes[r] = command(mine, setup);
       // A rank that stops early (an error, an interrupt) must not leave the others waiting
       // for it in a collective until the timeout.
@@ -952,7 +969,7 @@ int main(int argc, char **argv) {
                "  train    --plan P (--model DIR | --random-weights SEED [--initializer-range R])\n"
                "           --data FILE [--out DIR] [--steps N] [--adapter DIR]\n"
                "           [--checkpoint-every N] [--resume] [--seed S] [--in-order] [--threads N] [--log-every N]\n"
-               "           [--backend cpu|cuda|auto] [--nproc N]\n"
+               "           [--backend cpu|cuda|auto] [--nproc N [--ranks-on-one-gpu]]\n"
                "  forward  --plan P --model DIR --data FILE [--adapter DIR] [--batches N]\n"
                "  bench    --plan P (--model DIR | --random-weights SEED) [--steps N] [--warmup N]\n"
                "           [--backend cpu|cuda|auto] [--threads N] [--nproc N]\n"

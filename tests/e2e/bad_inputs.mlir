@@ -5,6 +5,8 @@
 //
 // RUN: not moe-run train stray --plan x 2>&1 | FileCheck %s --check-prefix=STRAY
 // STRAY: moe-run: error: unexpected argument 'stray' (flags start with --)
+// RUN: not moe-run train --plan x --nproc 2 --ranks-on-one-gpu 2>&1 | FileCheck %s --check-prefix=ONE-GPU
+// ONE-GPU: moe-run: error: --ranks-on-one-gpu runs --nproc N >= 2 thread ranks on GPU 0: it needs --backend cuda and a GPU
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 2 \
 // RUN:     --lora-rank 4 -o %t/plan.moeplan

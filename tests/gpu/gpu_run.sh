@@ -122,6 +122,23 @@ if [ "${1:-}" = pack ]; then
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 ${mesh:+$(meshFlags "$mesh")} \
       --pipeline-micro-batches 4 -o "$pack/plans/scale.qwen3-30b-a3b.${mesh:-single}.moeplan" 2>/dev/null
   done
+  # Multi-rank runs on one GPU (mesh1: moe-run --nproc 2 --ranks-on-one-gpu) against one rank:
+  # the tiny gpt-oss with nonzero biases and sinks (attention and experts split over tp), and
+  # Qwen3-30B-A3B shapes (4 layers, 4096 tokens, random weights) on tp=2 with sequence parallel.
+  oss=tests/e2e/Inputs/tiny_gpt_oss.json
+  for mesh in single tp=2 tp=2-sp; do
+    flags=""; [ "$mesh" = single ] || flags="$(meshFlags "$mesh")"
+    "$bin/compiler/tools/moec" compile "$oss" --seq-len 32 --micro-batch 2 --lora-rank 4 $flags \
+      -o "$pack/plans/oss.$mesh.moeplan" 2>/dev/null
+  done
+  "$bin/runtime/tools/moe-run" init "$oss" --seed 0 --plan "$pack/plans/oss.single.moeplan" -o "$pack/oss-model"
+  python3 tests/e2e/Inputs/nonzero_biases.py "$pack/oss-model/model.safetensors"
+  for mesh in single tp=2-sp; do
+    flags=""; [ "$mesh" = single ] || flags="$(meshFlags "$mesh")"
+    "$bin/compiler/tools/moec" compile tests/gpu/Inputs/qwen3-30b-a3b-4layers.json --lora-rank 32 --lora-alpha 64 \
+      --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --lr 1e-4 --warmup-steps 0 $flags \
+      -o "$pack/plans/q4.$mesh.moeplan" 2>/dev/null
+  done
   # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
   attention=q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj
   for model in models/qwen3-30b-a3b/config.json tests/gpu/Inputs/qwen3-30b-a3b-4layers.json \
@@ -134,7 +151,7 @@ if [ "${1:-}" = pack ]; then
   MOEC="$bin/compiler/tools/moec" bash bench/bench.sh plans "$pack/plans/bench" 2>/dev/null
   cp models/tiny-qwen3-moe/train.jsonl "$pack/train.jsonl"
   # The tree that travels to the GPU machine is limited (64 MiB): ship one archive.
-  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl
+  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl oss-model
   rm -rf "$pack" && mkdir -p "$pack" && mv /tmp/moec-pack.tar.xz "$pack/pack.tar.xz"
   du -sh "$pack"
   echo "packed $pack: run with carry=[\"$pack\"] and command: bash tests/gpu/gpu_run.sh run"
@@ -197,7 +214,26 @@ meshChecks() {
 if [ "$1" = mesh1 ]; then
   nvidia-smi -L || true
   summary=()
-  meshChecks --ranks-on-one-gpu
+  [ -n "${MESHES+set}" ] && [ -z "$MESHES" ] || meshChecks --ranks-on-one-gpu
+  # moe-run itself: two thread ranks on this GPU against one rank, step by step.
+  : >"$out/train1.log"
+  oneRun() { # name plan data steps tolerance model-flags...
+    local name=$1 plan=$2 data=$3 steps=$4 tolerance=$5; shift 5
+    "$pack/bin/moe-run" train --backend cuda --plan "$pack/plans/$plan.single.moeplan" "$@" --data "$data" \
+      --out "$pack/runs/$plan.single" --steps "$steps" --log-every 1 --in-order >>"$out/train1.log" 2>&1
+    for mesh in $name; do
+      if "$pack/bin/moe-run" train --backend cuda --plan "$pack/plans/$plan.$mesh.moeplan" "$@" --data "$data" \
+        --out "$pack/runs/$plan.$mesh" --steps "$steps" --log-every 1 --in-order --nproc 2 --ranks-on-one-gpu \
+        >>"$out/train1.log" 2>&1 &&
+        python3 tests/e2e/Inputs/same_losses.py "$pack/runs/$plan.$mesh/metrics.jsonl" \
+          "$pack/runs/$plan.single/metrics.jsonl" "$tolerance" >"$out/one.log" 2>&1; then status=PASS; else status=FAIL; fi
+      cat "$out/one.log" >>"$out/train1.log" 2>/dev/null
+      summary+=("$(printf '%-62s %-7s %s' "moe-run train $plan $mesh (2 ranks, one GPU)" "$status" "$(tail -1 "$out/one.log" 2>/dev/null)")")
+    done
+  }
+  oneRun "tp=2 tp=2-sp" oss tests/e2e/Inputs/train.jsonl 4 1e-4 --model "$pack/oss-model"
+  oneRun "tp=2-sp" q4 "$pack/train.jsonl" 3 2e-2 --random-weights 0
+  rm -f "$out/one.log"
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
   exit 0
 fi
