@@ -324,24 +324,20 @@ for plan in "$pack"/plans/train.*.moeplan; do
 done
 rm -f "$out/one.log"
 # PEFT loads what moe-run writes: train the golden qwen3_moe 3 steps on the GPU, then compare
-# transformers + PEFT's loss with moe-run's on the first batch.
-golden="$pack/golden/qwen3_moe"; plan="$pack/plans/qwen3_moe.float32.fused.moeplan"
-{
-  "$pack/bin/moe-run" train --backend cuda --plan "$plan" --model "$golden" --data "$pack/train.jsonl" \
-    --out "$pack/runs/peft" --steps 3 &&
-  ours=$("$pack/bin/moe-run" forward --backend cuda --plan "$plan" --model "$golden" \
-    --adapter "$pack/runs/peft/adapter" --data "$pack/train.jsonl" | awk '{print $NF}') &&
-  python3 tests/gpu/peft_check.py "$golden" "$pack/runs/peft/adapter" "$pack/train.jsonl" 96 2 "$ours"
-} >"$out/peft.log" 2>&1 && status=PASS || status=FAIL
-summary+=("$(printf '%-62s %-7s %s' "PEFT loads moe-run's adapter (qwen3_moe)" "$status" "$(tail -1 "$out/peft.log")")")
-# The same with the router trained in full: PEFT's modules_to_save.
-plan="$pack/plans/qwen3_moe.float32.gate.moeplan"
-{
-  "$pack/bin/moe-run" train --backend cuda --plan "$plan" --model "$golden" --data "$pack/train.jsonl" \
-    --out "$pack/runs/peft-gate" --steps 3 &&
-  ours=$("$pack/bin/moe-run" forward --backend cuda --plan "$plan" --model "$golden" \
-    --adapter "$pack/runs/peft-gate/adapter" --data "$pack/train.jsonl" | awk '{print $NF}') &&
-  python3 tests/gpu/peft_check.py "$golden" "$pack/runs/peft-gate/adapter" "$pack/train.jsonl" 96 2 "$ours"
-} >"$out/peft-gate.log" 2>&1 && status=PASS || status=FAIL
-summary+=("$(printf '%-62s %-7s %s' "PEFT loads an adapter with the router trained in full" "$status" "$(tail -1 "$out/peft-gate.log")")")
+# transformers + PEFT's loss with moe-run's on the first batch; again with the router trained in
+# full (PEFT's modules_to_save).
+golden="$pack/golden/qwen3_moe"
+peftCheck() { # plan-name run-name what
+  local plan="$pack/plans/$1.moeplan" run="$pack/runs/$2"
+  {
+    "$pack/bin/moe-run" train --backend cuda --plan "$plan" --model "$golden" --data "$pack/train.jsonl" \
+      --out "$run" --steps 3 &&
+    ours=$("$pack/bin/moe-run" forward --backend cuda --plan "$plan" --model "$golden" \
+      --adapter "$run/adapter" --data "$pack/train.jsonl" | awk '{print $NF}') &&
+    python3 tests/gpu/peft_check.py "$golden" "$run/adapter" "$pack/train.jsonl" 96 2 "$ours"
+  } >"$out/$2.log" 2>&1 && status=PASS || status=FAIL
+  summary+=("$(printf '%-62s %-7s %s' "$3" "$status" "$(tail -1 "$out/$2.log")")")
+}
+peftCheck qwen3_moe.float32.fused peft "PEFT loads moe-run's adapter (qwen3_moe)"
+peftCheck qwen3_moe.float32.gate peft-gate "PEFT loads an adapter with the router trained in full"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
