@@ -344,10 +344,11 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       if (auto weight = operand.getDefiningOp<moe::WeightOp>())
         if (auto param = SymbolTable::lookupNearestSymbolFrom<moe::ParamOp>(weight, weight.getParamAttr());
             param && param.getTrainable())
-          return mlp.emitOpError("has adapters on its experts (@")
+          return mlp.emitOpError("trains its experts (@")
                  << param.getSymName()
-                 << "): an expert placement is not supported with expert LoRA yet (PEFT writes each rank's "
-                    "consecutive window of the stacked adapters)";
+                 << (moe::isAdapterTensorName(param.getTensorName()) ? ", an expert adapter" : ", trained in full")
+                 << "): an expert placement is not supported with trainable experts yet (the trainer gathers "
+                    "each rank's consecutive window of the stacked tensors)";
     return rows;
   }
 };

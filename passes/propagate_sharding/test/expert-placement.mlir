@@ -35,7 +35,7 @@
 // UNEQUAL: error: 'moe.expert_mlp' op expert_placement gives the layers of @block 3 and 2 experts per rank; they share one program: give them as many
 // NOLAYER: error: --moe-propagate-sharding: expert_placement names layer '7', which is not a layer with routed experts
 // ALL: error: 'moe.expert_mlp' op has an expert placement, which needs ep-exchange routed or auto (every token to every rank renumbers the experts as consecutive ranges)
-// LORA: error: 'moe.expert_mlp' op has adapters on its experts (@up_lora_A): an expert placement is not supported with expert LoRA yet
+// LORA: error: 'moe.expert_mlp' op trains its experts (@up_lora_A, an expert adapter): an expert placement is not supported with trainable experts yet
 
 // Three experts per rank where two would do: experts 3 and 0 of layer 0 (2 and 1 of layer 1)
 // live on both ranks. Each rank's expert tensors have three rows, the local dispatch counts
