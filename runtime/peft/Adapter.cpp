@@ -705,20 +705,16 @@ bool isLoraTensorName(std::string_view name) { return loraPart(name) != LoraPart
 
 absl::StatusOr<std::vector<std::string>>
 modulesToSaveOf(const std::map<std::string, std::vector<int64_t>> &tensors) {
-  absl::StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> each = expandExperts(tensors);
-  if (!each.ok())
-    return each.status();
-  for (const auto &[name, shape] : tensors)
-    if (loraPart(name) == LoraPart::Other && name.find(kExpertPlaceholder) != std::string::npos)
+  std::set<std::string> modules;
+  for (const auto &[name, shape] : tensors) {
+    if (loraPart(name) != LoraPart::Other)
+      continue;
+    if (name.find(kExpertPlaceholder) != std::string::npos)
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", name,
           "' is a per-expert checkpoint weight trained in full: transformers holds a layer's experts as "
           "one fused parameter, so PEFT has no per-expert module to save (it would drop these silently); "
           "train the experts with expert LoRA instead"));
-  std::set<std::string> modules;
-  for (const auto &[name, shape] : *each) {
-    if (loraPart(name) != LoraPart::Other)
-      continue;
     absl::StatusOr<std::string> module = savedModule(name);
     if (!module.ok())
       return module.status();
@@ -727,7 +723,8 @@ modulesToSaveOf(const std::map<std::string, std::vector<int64_t>> &tensors) {
   return std::vector<std::string>(modules.begin(), modules.end());
 }
 
-absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::string, std::vector<int64_t>> &tensors) {
+absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::string, std::vector<int64_t>> &tensors,
+                                 const std::vector<std::string> &frozen) {
   if (absl::Status status = checkSpec(spec); !status.ok())
     return status;
   if (tensors.empty())
@@ -759,6 +756,17 @@ absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::st
     return inner == outer || (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
                               inner[outer.size()] == '.');
   };
+  // PEFT also loads a module to save whole: a tensor of it left frozen would be missing.
+  for (const std::string &name : frozen) {
+    if (name.rfind(kNamePrefix, 0) != 0)
+      continue;
+    std::string path = name.substr(std::strlen(kNamePrefix));
+    size_t dot = path.rfind('.');
+    if (dot != std::string::npos && saved.count(path.substr(0, dot)))
+      return absl::InvalidArgumentError(absl::StrCat("module '", path.substr(0, dot), "' is trained in full but its '",
+                                                     path.substr(dot + 1), "' is frozen; PEFT saves and loads a module "
+                                                     "to save whole: mark ", path, " trainable too, or neither"));
+  }
   for (const std::string &module : spec.modulesToSave) {
     if (!held.count(module))
       return absl::InvalidArgumentError(absl::StrCat("modules_to_save names '", module, "', but no tensor of it"));

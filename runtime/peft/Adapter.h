@@ -110,8 +110,11 @@ absl::StatusOr<std::vector<std::string>> modulesToSaveOf(const std::map<std::str
 /// What exportAdapter checks before it writes anything, from the names and shapes alone:
 /// the spec; every name starts with "base_model.model."; a LoRA tensor's shape (lora_A has
 /// r rows, lora_B r columns); any other tensor is the weight or bias of a module in
-/// spec.modulesToSave, which holds no LoRA adapter and has a tensor.
-absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::string, std::vector<int64_t>> &tensors);
+/// spec.modulesToSave, which holds no LoRA adapter and has a tensor. `frozen`: the base
+/// model's other tensors (PEFT names); none may belong to a module to save, which PEFT
+/// loads whole.
+absl::Status checkAdapterTensors(const AdapterSpec &spec, const std::map<std::string, std::vector<int64_t>> &tensors,
+                                 const std::vector<std::string> &frozen = {});
 
 /// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors,
 /// creating `dir` if needed, after checkAdapterTensors.

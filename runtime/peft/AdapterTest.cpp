@@ -397,6 +397,11 @@ TEST(AdapterTest, ModulesTrainedInFullRefusals) {
   AdapterSpec spec = smallSpec();
   EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes)),
               HasSubstr("its module 'model.layers.0.mlp.gate' is not in modules_to_save"));
+  // PEFT loads a module to save whole: one of its tensors left frozen is refused.
+  spec.modulesToSave = {"model.layers.0.mlp.gate"};
+  EXPECT_TRUE(checkAdapterTensors(spec, shapes, {std::string(kQ) + ".weight"}).ok());
+  EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes, {std::string(kGate) + ".bias"})),
+              HasSubstr("module 'model.layers.0.mlp.gate' is trained in full but its 'bias' is frozen"));
   spec.modulesToSave = {"model.layers.0.mlp.gate", "model.layers.1.mlp.gate"};
   EXPECT_THAT(statusText(checkAdapterTensors(spec, shapes)),
               HasSubstr("modules_to_save names 'model.layers.1.mlp.gate', but no tensor of it"));

@@ -42,10 +42,13 @@ CpuRanks::CpuRanks(const plan::Plan &plan, double timeoutSeconds) : plan(plan) {
   all = comm::makeCpuGroup(plan.ranks_size(), timeoutSeconds);
 }
 
-RankLinks CpuRanks::links(int rank, const comm::HostTransfers *staging) {
+RankLinks CpuRanks::links(int rank, Device *stagedThrough) {
   RankLinks links;
+  comm::HostTransfers staging{
+      [stagedThrough](void *host, const void *from, size_t bytes) { return stagedThrough->download(host, from, bytes); },
+      [stagedThrough](void *to, const void *host, size_t bytes) { return stagedThrough->upload(to, host, bytes); }};
   auto own = [&](std::unique_ptr<comm::Communicator> host) {
-    links.owned.push_back(staging ? comm::makeHostStagedCommunicator(std::move(host), *staging) : std::move(host));
+    links.owned.push_back(stagedThrough ? comm::makeHostStagedCommunicator(std::move(host), staging) : std::move(host));
     return links.owned.back().get();
   };
   for (const plan::Group &group : plan.ranks(rank).groups()) {

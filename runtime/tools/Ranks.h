@@ -24,6 +24,7 @@
 #include "runtime/comm/HostStagedCommunicator.h"
 #include "runtime/comm/LaunchEnv.h"
 #include "runtime/comm/TcpStore.h"
+#include "runtime/exec/Device.h"
 #include "runtime/plan/plan.pb.h"
 
 namespace moec::runtime {
@@ -40,10 +41,10 @@ struct RankLinks {
 class CpuRanks {
 public:
   CpuRanks(const plan::Plan &plan, double timeoutSeconds);
-  /// Rank `rank`'s links (call once per rank, from any thread). With `staging`, the rank's
-  /// buffers are device memory: each collective goes through host memory (thread ranks that
-  /// share one GPU).
-  RankLinks links(int rank, const comm::HostTransfers *staging = nullptr);
+  /// Rank `rank`'s links (call once per rank, from any thread). With `stagedThrough`, the
+  /// rank's buffers are that device's memory: each collective goes through host memory (thread
+  /// ranks that share one GPU).
+  RankLinks links(int rank, Device *stagedThrough = nullptr);
   /// Fails every rank's collectives at once with `why` (a rank that returned early).
   void abort(const std::string &why);
 

@@ -264,11 +264,7 @@ absl::Status openSession(Args &args, Session &session, const RankSetup &setup) {
   if (setup.world > 1) {
     if (setup.threads) {
       // Ranks sharing one GPU: the CPU collectives, through host memory.
-      Device *device = session.device.get();
-      comm::HostTransfers staging{
-          [device](void *host, const void *from, size_t bytes) { return device->download(host, from, bytes); },
-          [device](void *to, const void *host, size_t bytes) { return device->upload(to, host, bytes); }};
-      session.links = setup.threads->links(setup.rank, setup.oneGpu ? &staging : nullptr);
+      session.links = setup.threads->links(setup.rank, setup.oneGpu ? session.device.get() : nullptr);
     } else {
       absl::StatusOr<RankLinks> links =
           connectNccl(session.plan, *setup.process, session.device->stream(), kRankTimeoutSeconds,
@@ -392,7 +388,8 @@ absl::Status loadAdapter(const std::string &dir, Session &session) {
   // LoRA tensors alone): it keeps the checkpoint's value.
   std::map<std::string, std::vector<int64_t>> expected, optional;
   for (const auto &[name, shape] : session.trainer->shapes())
-    (peft::isLoraTensorName(name) || name.find("{expert}") != std::string::npos ? expected : optional)[name] = shape;
+    (peft::isLoraTensorName(name) || name.find(peft::kExpertPlaceholder) != std::string::npos ? expected : optional)[name] =
+        shape;
   peft::ImportOptions options;
   options.expectedShapes = expected;
   options.optionalShapes = optional;
@@ -441,21 +438,13 @@ absl::StatusOr<peft::AdapterSpec> adapterSpecOf(const Session &session) {
   absl::StatusOr<std::vector<std::string>> modules = peft::modulesToSaveOf(shapes);
   if (modules.ok())
     spec.modulesToSave = std::move(*modules);
-  absl::Status checked = modules.ok() ? peft::checkAdapterTensors(spec, shapes) : modules.status();
-  // PEFT loads a module to save whole: a checkpoint tensor of it left frozen (a bias next to a
-  // trained weight) would be missing from the adapter, and PEFT fails on it.
-  std::set<std::string> saved(spec.modulesToSave.begin(), spec.modulesToSave.end());
+  // The checkpoint tensors the plan binds but does not train.
+  std::vector<std::string> frozen;
   for (const moec::plan::Rank &rank : session.plan.ranks())
-    for (const moec::plan::WeightBinding &binding : rank.weights()) {
-      const std::string &tensor = binding.tensor();
-      size_t dot = tensor.rfind('.');
-      if (!checked.ok() || dot == std::string::npos || !saved.count(tensor.substr(0, dot)) ||
-          shapes.count(peft::kPeftNamePrefix + tensor))
-        continue;
-      checked = absl::InvalidArgumentError(absl::StrCat(
-          "module '", tensor.substr(0, dot), "' is trained in full but its '", tensor.substr(dot + 1),
-          "' is frozen; PEFT saves and loads a module to save whole: mark ", tensor, " trainable too, or neither"));
-    }
+    for (const moec::plan::WeightBinding &binding : rank.weights())
+      if (std::string name = peft::kPeftNamePrefix + binding.tensor(); !shapes.count(name))
+        frozen.push_back(std::move(name));
+  absl::Status checked = modules.ok() ? peft::checkAdapterTensors(spec, shapes, frozen) : modules.status();
   if (!checked.ok())
     return absl::InvalidArgumentError(absl::StrCat(session.planPath, ": its trained tensors make no PEFT adapter: ",
                                                    checked.message()));

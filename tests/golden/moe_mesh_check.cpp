@@ -106,11 +106,8 @@ Run train(const plan::Plan &plan, int rank, const std::string &dir, const Tensor
     device = makeCpuDevice(where.threads);
   }
   RankLinks links;
-  comm::HostTransfers staging{
-      [&](void *host, const void *from, size_t bytes) { return device->download(host, from, bytes); },
-      [&](void *to, const void *host, size_t bytes) { return device->upload(to, host, bytes); }};
   if (plan.ranks_size() > 1 && where.oneGpu) {
-    links = where.cpu->links(rank, &staging);
+    links = where.cpu->links(rank, device.get());
   } else if (plan.ranks_size() > 1 && where.cuda) {
     comm::LaunchEnv env;
     env.rank = rank;

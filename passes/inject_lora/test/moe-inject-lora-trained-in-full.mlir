@@ -19,7 +19,6 @@ moe.model @tiny {
     %wk = moe.weight @self_attn_k_proj : tensor<8x16xf32>
     %k = moe.linear %x, %wk : (tensor<?x16xf32>, tensor<8x16xf32>) -> tensor<?x8xf32>
     %s = moe.add %q, %k : tensor<?x8xf32>
-    %y = moe.add %s, %s : tensor<?x8xf32>
     moe.yield %x : tensor<?x16xf32>
   }
 }
