@@ -482,12 +482,13 @@ private:
       // Tensor parallel: entering a split region is the identity (the same buffer); leaving it
       // sums the ranks' partial results. Sequence parallel: entering gathers the ranks' rows,
       // leaving keeps this rank's rows of the sum; a gather of rows is an all-gather, a slice
-      // the microbatch kernel at this rank's index (EmitPlan sets it per rank).
+      // the microbatch kernel at this rank's index (EmitPlan sets it per rank). A sharded norm's
+      // statistic (moe.tp_sum) is an all-reduce both ways.
       if (auto enter = dyn_cast<moe::TpEnterOp>(op); enter && !enter.getRows()) {
         values[enter.getResult()] = values.lookup(enter.getInput());
         continue;
       }
-      if (isa<moe::TpEnterOp, moe::TpExitOp, moe::TpGatherOp, moe::TpSliceOp>(op)) {
+      if (isa<moe::TpEnterOp, moe::TpExitOp, moe::TpGatherOp, moe::TpSliceOp, moe::TpSumOp>(op)) {
         int in = values.lookup(op.getOperand(0));
         FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values);
         if (failed(shape))
@@ -510,7 +511,10 @@ private:
         }
         addStep(&op, "", {in}, {out}, context);
         auto exit = dyn_cast<moe::TpExitOp>(op);
-        program.steps.back().collective = !exit ? "all_gather" : exit.getRows() ? "reduce_scatter" : "all_reduce";
+        program.steps.back().collective = isa<moe::TpSumOp>(op) ? "all_reduce"
+                                          : !exit                ? "all_gather"
+                                          : exit.getRows()       ? "reduce_scatter"
+                                                                 : "all_reduce";
         program.steps.back().axis = axis.str();
         continue;
       }

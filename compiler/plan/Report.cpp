@@ -189,8 +189,9 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
   for (auto &[key, row] : rows) {
     auto &[kind, axis, phase] = key;
     const char *why = kind == "all_reduce" && axis == "tp"
-                          ? "the partial sums of split heads and expert features (moe.tp_exit); in the "
-                            "backward, an input's gradient from every tp rank"
+                          ? "the partial sums of split heads and expert features (moe.tp_exit) and the sums of "
+                            "squares of norms over split heads (moe.tp_sum); in the backward, an input's "
+                            "gradient from every tp rank"
                       : kind == "all_reduce"
                           ? "LoRA gradients of a layer, summed over the ranks that train the same tensor on "
                             "other tokens (--moe-sync-gradients)"

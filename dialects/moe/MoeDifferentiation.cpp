@@ -89,6 +89,16 @@ LogicalResult TpExitOp::buildBackward(OpBuilder &builder, ValueRange resultGrads
   return success();
 }
 
+LogicalResult TpSumOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                     SmallVectorImpl<Value> &operandGrads) {
+  // Every rank's readers of the sum contribute to its gradient, and every rank's part enters
+  // the sum alike: the part's gradient is the sum of the readers' over the axis.
+  operandGrads.assign(1, Value());
+  if (wanted[0] && resultGrads[0])
+    operandGrads[0] = builder.create<TpSumOp>(getLoc(), resultGrads[0], getAxisAttr());
+  return success();
+}
+
 /// The backward of a gather or a slice of token rows: the other one, on the gradient.
 template <typename Adjoint>
 static LogicalResult rowsBackward(Operation *op, OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,

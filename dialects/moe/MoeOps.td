@@ -235,6 +235,44 @@ def Moe_RMSNormOp : Moe_ComputeOp<"rms_norm", [Moe_Tokenwise]> {
   let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
+def Moe_RowSumOfSquaresOp : Moe_ComputeOp<"row_sum_of_squares", [Moe_Tokenwise]> {
+  let summary = "The sum of squares of each row, in f32 (a sharded RMSNorm's statistic).";
+  let description = [{
+    `x: [T, F]` -> `[T, 1]` f32: each row's `sum(x^2)`. Under tensor
+    parallel a rank holds only some features of a row that one norm spans
+    (OLMoE's q/k norms over every head): each rank's sum is a part of the
+    row's, summed over tp (`moe.tp_sum`) before `moe.sharded_rms_norm`.
+
+    ```mlir
+    %s = moe.row_sum_of_squares %q : (tensor<?x32xbf16>) -> tensor<?x1xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_ShardedRMSNormOp : Moe_ComputeOp<"sharded_rms_norm", [Moe_Tokenwise]> {
+  let summary = "RMSNorm of a rank's features of each row, given the whole row's sum of squares.";
+  let description = [{
+    `y = x / sqrt(sum_of_squares / features + eps) * w` (or `* (1 + w)` with
+    `unit_offset`), where `x: [T, F_local]` and `weight: [F_local]` are this
+    rank's part of rows of `features` elements and `sum_of_squares: [T, 1]`
+    (f32) is the whole rows' (`moe.tp_sum` of `moe.row_sum_of_squares`). The
+    backward treats `sum_of_squares` as an operand: its gradient goes back
+    through the sum to every rank's part of x.
+
+    ```mlir
+    %y = moe.sharded_rms_norm %q, %w, %all {eps = 1.0e-06 : f64, features = 64 : i64}
+        : (tensor<?x32xf32>, tensor<32xf32>, tensor<?x1xf32>) -> tensor<?x32xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Moe_Tensor:$sum_of_squares, F64Attr:$eps,
+                       I64Attr:$features, UnitAttr:$unit_offset);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input `,` $weight `,` $sum_of_squares attr-dict `:` functional-type(operands, results)";
+}
+
 def Moe_LayerNormOp : Moe_ComputeOp<"layer_norm", [Moe_Tokenwise]> {
   let summary = "LayerNorm (mean and variance) with weight and bias over the last dimension.";
   let arguments = (ins Moe_Tensor:$input, Moe_Tensor:$weight, Moe_Tensor:$bias, F64Attr:$eps);
@@ -1145,6 +1183,26 @@ def Moe_TpExitOp : Moe_Op<"tp_exit", [Pure,
   let results = (outs Moe_Tensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
+}
+
+def Moe_TpSumOp : Moe_Op<"tp_sum", [Pure, SameOperandsAndResultType,
+    DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
+  let summary = "Sums a statistic over a mesh axis inside a tensor-parallel region (all-reduce).";
+  let description = [{
+    Each rank of `axis` holds a part of a sum that every rank's split work
+    reads again (the sum of squares of rows whose features are split: a
+    sharded RMSNorm). The result, the same on every rank, is the sum. Unlike
+    `moe.tp_exit`, whose readers compute the same on every rank, each rank's
+    readers contribute their own part of the result's gradient: the backward
+    is the sum over `axis` again.
+
+    ```mlir
+    %all = moe.tp_sum %mine {axis = "tp"} : tensor<?x1xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
 def Moe_TpGatherOp : Moe_Op<"tp_gather", [Pure, SameOperandsAndResultType,

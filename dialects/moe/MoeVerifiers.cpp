@@ -171,6 +171,34 @@ LogicalResult RMSNormOp::verify() {
                    false)));
 }
 
+/// A sharded RMSNorm's statistic: one f32 value per row of `like` ([T, 1]).
+static bool rowSumOfSquares(Checker &c, Operation *op, StringRef name, Value v, Value like) {
+  if (!c.rank(name, v, 2) || !c.sameDim("input", like, 0, name, v, 0) || !c.dim(name, v, 1, 1, "one per row"))
+    return false;
+  if (tensorType(v).getElementType().isF32())
+    return true;
+  op->emitOpError() << name << " must be f32, got " << v.getType();
+  return false;
+}
+
+LogicalResult RowSumOfSquaresOp::verify() {
+  Checker c(*this);
+  return success(c.rank("input", getInput(), 2) && rowSumOfSquares(c, *this, "result", getResult(), getInput()));
+}
+
+LogicalResult ShardedRMSNormOp::verify() {
+  Checker c(*this);
+  RankedTensorType in = tensorType(getInput());
+  if (!c.rank("input", getInput(), 2) || !c.rank("weight", getWeight(), 1) ||
+      !c.dim("weight", getWeight(), 0, in.getDimSize(1), "the input's features") ||
+      !rowSumOfSquares(c, *this, "sum_of_squares", getSumOfSquares(), getInput()) ||
+      !c.divides("features", getFeatures(), "the input's features", in.getDimSize(1)))
+    return failure();
+  if (getResult().getType() != in)
+    return emitOpError() << "result type " << getResult().getType() << " differs from input type " << in;
+  return success();
+}
+
 LogicalResult LayerNormOp::verify() {
   Checker c(*this);
   RankedTensorType in = tensorType(getInput());

@@ -152,7 +152,9 @@ bool isRouting(Operation *op) { return isa<moe::RouterOp, moe::DSAIndexerOp>(op)
 /// (top-k rows per token from the saved tokens and routing) and the norms and RoPE (per-row
 /// work on inputs the backward mostly keeps anyway: the layer input, a projection that its
 /// norm's backward reads). Each re-run is a cheap pass over one activation.
-bool rerunUnderRegather(Operation *op) { return isa<moe::DispatchOp, moe::RMSNormOp, moe::RopeOp>(op); }
+bool rerunUnderRegather(Operation *op) {
+  return isa<moe::DispatchOp, moe::RMSNormOp, moe::ShardedRMSNormOp, moe::RopeOp>(op);
+}
 
 /// Sequence parallel's gathers of a tp rank's rows: under any policy the backward gathers them
 /// again (an all-gather) from the saved rows rather than keep every row of every layer.

@@ -5,6 +5,8 @@
 //   linear(x replicated, W [out, in] split on out)  -> split   (its bias split likewise)
 //   lora(x replicated, A, B split on out)           -> split   (A's gradient: partial)
 //   rms_norm per head, rope, add of splits          -> split
+//   rms_norm of whole rows (every head: OLMoE)      -> split   (moe.sharded_rms_norm: each
+//                                                     rank's sum of squares, moe.tp_sum of them)
 //   split into groups per head (query and gate)     -> split   (groups / tp)
 //   attention(q, k, v split; sinks split)           -> split   (heads / tp each)
 //   sigmoid_gate(x split, g split)                  -> split   (an output gate)
@@ -86,6 +88,7 @@ struct HeadSplit {
   llvm::SetVector<moe::WeightOp> firstRankBiases; // biases of partial sums: tp rank 0 adds them
   llvm::SetVector<Value> partials;       // partial sums after the attention
   llvm::SetVector<Value> exits;          // partial sums read where the sum is needed
+  llvm::SetVector<Operation *> rowNorms; // rms_norms over every head: sharded (their sum over tp)
 };
 
 class Analysis {
@@ -329,10 +332,14 @@ private:
       if (!intoRegion(rope.getInput()))
         return false;
     } else if (auto norm = dyn_cast<moe::RMSNormOp>(def)) {
-      if (tensorType(norm.getWeight()).getDimSize(0) == tensorType(norm.getInput()).getDimSize(1))
-        return fail("an rms_norm normalises all heads together");
-      if (!intoRegion(norm.getInput()) || !addPartialGrad(norm.getWeight()))
+      // Per head: the weight is every head's (its gradient partial). Over every head: the weight
+      // splits with the heads, and the rows' statistic is summed over tp.
+      bool wholeRows = tensorType(norm.getWeight()).getDimSize(0) == tensorType(norm.getInput()).getDimSize(1);
+      if (!intoRegion(norm.getInput()) ||
+          !(wholeRows ? addWeight(norm.getWeight(), 0) : addPartialGrad(norm.getWeight())))
         return false;
+      if (wholeRows)
+        plan.rowNorms.insert(norm);
     } else if (auto add = dyn_cast<moe::AddOp>(def)) {
       if (!intoRegion(add.getLhs()) || !intoRegion(add.getRhs()))
         return false;
@@ -384,6 +391,31 @@ Location splitLocation(Operation *center, int64_t count, llvm::StringRef what, l
 
 std::string perRank(int64_t count, int64_t ranks, llvm::StringRef with = "") {
   return llvm::formatv(" ({0} per rank{1})", count / ranks, with).str();
+}
+
+/// An rms_norm over whole rows whose features (every head's) are split over tp: each rank's sum
+/// of squares, summed over tp, normalises its features (the norm's result type is split already).
+void shardRowNorm(HeadSplit &plan, moe::RMSNormOp norm, int64_t ranks) {
+  OpBuilder b(norm);
+  Value x = norm.getInput();
+  int64_t features = tensorType(x).getDimSize(1) * ranks;
+  auto layer = norm->getParentOfType<moe::LayerOp>();
+  Location because = NameLoc::get(
+      b.getStringAttr(llvm::formatv("the sum of squares of @{0}'s rms_norm over {1} features split over tp = {2}",
+                                    layer ? layer.getSymName() : "model", features, ranks)
+                          .str()),
+      norm.getLoc());
+  auto rowType = RankedTensorType::get({ShapedType::kDynamic, 1}, b.getF32Type());
+  Value mine = b.create<moe::RowSumOfSquaresOp>(norm.getLoc(), rowType, x);
+  Value all = b.create<moe::TpSumOp>(because, mine, b.getStringAttr("tp"));
+  auto sharded = b.create<moe::ShardedRMSNormOp>(norm.getLoc(), norm.getType(), x, norm.getWeight(), all,
+                                                 norm.getEpsAttr(), b.getI64IntegerAttr(features),
+                                                 norm.getUnitOffsetAttr());
+  norm.getResult().replaceAllUsesWith(sharded.getResult());
+  plan.region.remove(norm); // before the op goes: a new op could take its address
+  plan.region.insert(mine.getDefiningOp());
+  plan.region.insert(sharded);
+  norm.erase();
 }
 
 void apply(HeadSplit &plan, int64_t ranks) {
@@ -463,6 +495,8 @@ void apply(HeadSplit &plan, int64_t ranks) {
     because = splitLocation(plan.mlp, tensorType(h).getDimSize(1), "intermediate features", "MLP", ranks);
     h.setType(splitFeatures(h.getType(), ranks));
   }
+  for (Operation *op : plan.rowNorms)
+    shardRowNorm(plan, cast<moe::RMSNormOp>(op), ranks);
   for (Value input : plan.inputs) {
     if (Operation *def = input.getDefiningOp())
       b.setInsertionPointAfter(def);

@@ -139,6 +139,20 @@ if [ "${1:-}" = pack ]; then
       --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --lr 1e-4 --warmup-steps 0 $flags \
       -o "$pack/plans/q4.$mesh.moeplan" 2>/dev/null
   done
+  # OLMoE, whose q/k norms span every head (moe.sharded_rms_norm over tp): the tiny one in f32
+  # and bf16, and OLMoE-1B-7B shapes (4 layers, 4096 tokens, random weights) with sequence parallel.
+  for mesh in single tp=2 tp=2-sp; do
+    flags=""; [ "$mesh" = single ] || flags="$(meshFlags "$mesh")"
+    for dtype in float32 bfloat16; do
+      "$bin/compiler/tools/moec" compile tests/e2e/Inputs/tiny_olmoe.json --seq-len 32 --micro-batch 2 --lora-rank 4 \
+        --dtype $dtype $flags -o "$pack/plans/olmoe.$dtype.$mesh.moeplan" 2>/dev/null
+    done
+    [ "$mesh" = tp=2 ] || "$bin/compiler/tools/moec" compile tests/gpu/Inputs/olmoe-1b-7b-4layers.json --lora-rank 32 \
+      --lora-alpha 64 --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --lr 1e-4 --warmup-steps 0 $flags \
+      -o "$pack/plans/o4.$mesh.moeplan" 2>/dev/null
+  done
+  "$bin/runtime/tools/moe-run" init tests/e2e/Inputs/tiny_olmoe.json --seed 0 \
+    --plan "$pack/plans/olmoe.float32.single.moeplan" -o "$pack/olmoe-model"
   # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
   attention=q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj
   for model in models/qwen3-30b-a3b/config.json tests/gpu/Inputs/qwen3-30b-a3b-4layers.json \
@@ -151,7 +165,7 @@ if [ "${1:-}" = pack ]; then
   MOEC="$bin/compiler/tools/moec" bash bench/bench.sh plans "$pack/plans/bench" 2>/dev/null
   cp models/tiny-qwen3-moe/train.jsonl "$pack/train.jsonl"
   # The tree that travels to the GPU machine is limited (64 MiB): ship one archive.
-  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl oss-model
+  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl oss-model olmoe-model
   rm -rf "$pack" && mkdir -p "$pack" && mv /tmp/moec-pack.tar.xz "$pack/pack.tar.xz"
   du -sh "$pack"
   echo "packed $pack: run with carry=[\"$pack\"] and command: bash tests/gpu/gpu_run.sh run"
@@ -233,6 +247,9 @@ if [ "$1" = mesh1 ]; then
   }
   oneRun "tp=2 tp=2-sp" oss tests/e2e/Inputs/train.jsonl 4 1e-4 --model "$pack/oss-model"
   oneRun "tp=2-sp" q4 "$pack/train.jsonl" 3 2e-2 --random-weights 0
+  oneRun "tp=2 tp=2-sp" olmoe.float32 tests/e2e/Inputs/train.jsonl 4 1e-4 --model "$pack/olmoe-model"
+  oneRun "tp=2 tp=2-sp" olmoe.bfloat16 tests/e2e/Inputs/train.jsonl 4 2e-2 --model "$pack/olmoe-model"
+  oneRun "tp=2-sp" o4 "$pack/train.jsonl" 3 2e-2 --random-weights 0
   rm -f "$out/one.log"
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
   exit 0

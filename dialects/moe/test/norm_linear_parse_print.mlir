@@ -194,3 +194,18 @@ func.func @lora_update(%x: tensor<?x64xbf16>, %y: tensor<?x32xbf16>, %a: tensor<
   %r = moe.add %y, %d : tensor<?x32xbf16>, tensor<?x32xf32>
   return %r : tensor<?x32xbf16>
 }
+
+// -----
+
+// Tests that a sharded RMSNorm (a tp rank's 1024 of 2048 features, the whole rows' sum of
+// squares summed over tp) round-trips with its whole rows' feature count.
+// CHECK-LABEL: func.func @sharded_rms_norm(
+// CHECK: %[[S:.*]] = moe.row_sum_of_squares %{{.*}} : (tensor<?x1024xbf16>) -> tensor<?x1xf32>
+// CHECK: %[[ALLROWS:.*]] = moe.tp_sum %[[S]] {axis = "tp"} : tensor<?x1xf32>
+// CHECK: moe.sharded_rms_norm %{{.*}}, %{{.*}}, %[[ALLROWS]] {eps = 1.000000e-05 : f64, features = 2048 : i64} : (tensor<?x1024xbf16>, tensor<1024xbf16>, tensor<?x1xf32>) -> tensor<?x1024xbf16>
+func.func @sharded_rms_norm(%x: tensor<?x1024xbf16>, %w: tensor<1024xbf16>) -> tensor<?x1024xbf16> {
+  %s = moe.row_sum_of_squares %x : (tensor<?x1024xbf16>) -> tensor<?x1xf32>
+  %all = moe.tp_sum %s {axis = "tp"} : tensor<?x1xf32>
+  %y = moe.sharded_rms_norm %x, %w, %all {eps = 1.0e-05 : f64, features = 2048 : i64} : (tensor<?x1024xbf16>, tensor<1024xbf16>, tensor<?x1xf32>) -> tensor<?x1024xbf16>
+  return %y : tensor<?x1024xbf16>
+}

@@ -295,3 +295,30 @@ func.func @lora_linear_base_type(%x: tensor<?x64xbf16>, %w: tensor<32x64xbf16>, 
   %y = moe.lora_linear %x, %w, %a, %b {scale = 2.0 : f64, base_type = f32} : (tensor<?x64xbf16>, tensor<32x64xbf16>, tensor<4x64xf32>, tensor<32x4xf32>) -> tensor<?x32xbf16>
   return %y : tensor<?x32xbf16>
 }
+
+// -----
+
+// Tests that a row's sum of squares is one f32 per row.
+func.func @row_sum_of_squares_type(%x: tensor<?x1024xbf16>) -> tensor<?x1xbf16> {
+  // expected-error @+1 {{'moe.row_sum_of_squares' op result must be f32, got 'tensor<?x1xbf16>'}}
+  %s = moe.row_sum_of_squares %x : (tensor<?x1024xbf16>) -> tensor<?x1xbf16>
+  return %s : tensor<?x1xbf16>
+}
+
+// -----
+
+// Tests that a sharded RMSNorm's weight is the rank's part of the features.
+func.func @sharded_rms_norm_weight(%x: tensor<?x1024xbf16>, %w: tensor<2048xbf16>, %s: tensor<?x1xf32>) -> tensor<?x1024xbf16> {
+  // expected-error @+1 {{'moe.sharded_rms_norm' op weight dimension 0 must be 1024 (the input's features), got 2048}}
+  %y = moe.sharded_rms_norm %x, %w, %s {eps = 1.0e-05 : f64, features = 2048 : i64} : (tensor<?x1024xbf16>, tensor<2048xbf16>, tensor<?x1xf32>) -> tensor<?x1024xbf16>
+  return %y : tensor<?x1024xbf16>
+}
+
+// -----
+
+// Tests that the whole rows hold a multiple of the rank's features.
+func.func @sharded_rms_norm_features(%x: tensor<?x1024xbf16>, %w: tensor<1024xbf16>, %s: tensor<?x1xf32>) -> tensor<?x1024xbf16> {
+  // expected-error @+1 {{'moe.sharded_rms_norm' op features (1000) must be a multiple of the input's features (1024)}}
+  %y = moe.sharded_rms_norm %x, %w, %s {eps = 1.0e-05 : f64, features = 1000 : i64} : (tensor<?x1024xbf16>, tensor<1024xbf16>, tensor<?x1xf32>) -> tensor<?x1024xbf16>
+  return %y : tensor<?x1024xbf16>
+}

@@ -15,6 +15,8 @@
 // RUN: moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=out_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MAMBA
 // RUN: not moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=MAMBA-LORA
 // RUN: moe-opt %inputs/kda.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=f_b_proj,o_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=KDA
+// RUN: moe-opt %inputs/olmoe.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,k_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=OLMOE
+// RUN: moe-opt %inputs/olmoe.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj rank=2},moe-propagate-sharding{mesh=tp=2},moe-build-training-step))' | FileCheck %s --check-prefix=OLMOE-STEP
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=ep=3}))' 2>&1 | FileCheck %s --check-prefix=UNEVEN
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-propagate-sharding{mesh=dp=x}))' 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: not moe-opt %inputs/tiny.mlir --pass-pipeline='builtin.module(moe.model(moe-build-training-step,moe-propagate-sharding{mesh=dp=2}))' 2>&1 | FileCheck %s --check-prefix=AFTER
@@ -115,6 +117,28 @@
 // HEADS-STEP: moe.layer @gqa_moe_bwd
 // HEADS-STEP: moe.tp_exit %{{.*}} {axis = "tp"}
 // HEADS-STEP: moe.all_reduce_grads {axis = "dp+ep+tp", layer = 1 : i64, tp_partial}
+// OLMoE's q/k norms span every head: split over tp = 2 with the heads (each rank 32 of the 64
+// features and of the weight), each rank's sum of squares is summed over tp (moe.tp_sum) and
+// normalises its features as the whole rows' statistic would. No warning: the attention splits.
+// OLMOE-NOT: warning
+// OLMOE: moe.param @self_attn_q_norm {{.*}} : tensor<64xf32> sharding #moe.sharding<[tp]>
+// OLMOE: %[[Q:.*]] = moe.add
+// OLMOE: %[[W:.*]] = moe.weight @self_attn_q_norm : tensor<32xf32>
+// OLMOE-NEXT: %[[MINE:.*]] = moe.row_sum_of_squares %[[Q]] : (tensor<?x32xf32>) -> tensor<?x1xf32>
+// OLMOE-NEXT: %[[ROWS:.*]] = moe.tp_sum %[[MINE]] {axis = "tp"} : tensor<?x1xf32>
+// OLMOE-NEXT: %[[N:.*]] = moe.sharded_rms_norm %[[Q]], %[[W]], %[[ROWS]] {eps = 1.000000e-05 : f64, features = 64 : i64} : (tensor<?x32xf32>, tensor<32xf32>, tensor<?x1xf32>) -> tensor<?x32xf32>
+// OLMOE-NEXT: moe.weight @self_attn_k_norm : tensor<32xf32>
+// OLMOE-NEXT: moe.row_sum_of_squares
+// OLMOE-NEXT: moe.tp_sum
+// OLMOE-NEXT: moe.sharded_rms_norm {{.*}} features = 64
+// OLMOE: moe.rope %[[N]]
+// OLMOE: moe.attention {{.*}} num_heads = 2 : i64, num_kv_heads = 2 : i64
+// In the backward the statistic's gradient, which every rank's features give part of, is summed
+// over tp again before it reaches each rank's q through row_sum_of_squares.
+// OLMOE-STEP: moe.layer @gqa_moe_bwd
+// OLMOE-STEP: %[[DS:.*]]:2 = moe.backward "moe.sharded_rms_norm"({{.*}}grad_of_inputs = array<i64: 0, 2>
+// OLMOE-STEP-NEXT: %[[SUM:.*]] = moe.tp_sum %[[DS]]#1 {axis = "tp"} : tensor<?x1xf32>
+// OLMOE-STEP-NEXT: moe.backward "moe.row_sum_of_squares"({{.*}}) grads(%[[SUM]])
 // UNEVEN: error: 'moe.expert_mlp' op has 4 experts, which do not split over ep = 3
 // BAD: error: --moe-propagate-sharding: mesh 'dp=x': size of dp must be a whole number >= 1, not 'x'
 // AFTER: error: --moe-propagate-sharding: runs before --moe-build-training-step (the step differentiates through the collectives); the model already has @train_step

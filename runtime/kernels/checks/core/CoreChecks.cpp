@@ -84,6 +84,26 @@ ShiftLabelsShape checkShiftLabels(const KernelContext &ctx) {
   return s;
 }
 
+RowSumOfSquaresShape checkRowSumOfSquares(const KernelContext &ctx, const TensorRef &input, const TensorRef &ss,
+                                          const std::string &ssName) {
+  ctx.expectShape(input, "input", {-1, -1});
+  ctx.expectShape(ss, ssName.c_str(), {input.dim(0), 1});
+  if (ss.dtype != plan::F32)
+    ctx.fail(ssName + " must be f32 (a sum over a whole row)");
+  return {input.dim(0), input.dim(1)};
+}
+
+ShardedRmsNormShape checkShardedRmsNorm(const KernelContext &ctx) {
+  RowSumOfSquaresShape rows = checkRowSumOfSquares(ctx, ctx.in(0), ctx.in(2), "sum_of_squares");
+  ctx.expectShape(ctx.in(1), "weight", {rows.features});
+  ShardedRmsNormShape s{rows.rows, rows.features, ctx.attrInt("features"), static_cast<float>(ctx.attrFloat("eps")),
+                        ctx.attrBool("unit_offset")};
+  if (s.wholeFeatures < s.features)
+    ctx.fail("features (" + std::to_string(s.wholeFeatures) + ", the whole rows') is less than the input's " +
+             std::to_string(s.features));
+  return s;
+}
+
 plan::DType roundingTypeAttr(const KernelContext &ctx, const std::string &name) {
   if (!ctx.has(name))
     return plan::DTYPE_UNSPECIFIED;

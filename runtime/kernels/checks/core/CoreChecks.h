@@ -101,6 +101,21 @@ struct ShiftLabelsShape {
 };
 ShiftLabelsShape checkShiftLabels(const KernelContext &ctx);
 
+/// row_sum_of_squares (input [T, F]; result [T, 1], f32) and sharded_rms_norm (input [T, F],
+/// weight [F], sum_of_squares [T, 1] f32 of whole rows of `features` >= F elements): the rows
+/// and the input's features. `ss` names the sum's tensor (row_sum_of_squares: its result).
+struct RowSumOfSquaresShape {
+  int64_t rows, features;
+};
+RowSumOfSquaresShape checkRowSumOfSquares(const KernelContext &ctx, const TensorRef &input, const TensorRef &ss,
+                                          const std::string &ssName);
+struct ShardedRmsNormShape {
+  int64_t rows, features, wholeFeatures;
+  float eps;
+  bool unitOffset;
+};
+ShardedRmsNormShape checkShardedRmsNorm(const KernelContext &ctx);
+
 /// A type attribute that names where a fused kernel rounds (f32 or bf16: logits_type,
 /// base_type): DTYPE_UNSPECIFIED when absent, a failure naming it for any other value.
 plan::DType roundingTypeAttr(const KernelContext &ctx, const std::string &name);

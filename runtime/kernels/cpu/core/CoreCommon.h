@@ -34,6 +34,8 @@ using checks::core::expectRowsShape;
 using checks::core::expectSameShape;
 using checks::core::rowsOf;
 using checks::core::shapeText;
+using checks::core::RowSumOfSquaresShape;
+using checks::core::ShardedRmsNormShape;
 
 /// The class each of `rows` rows is scored against (-1: it does not count) and how many
 /// count, from `labels` [rows] under the launch's ignore_index and shift_labels

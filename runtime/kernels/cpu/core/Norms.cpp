@@ -1,4 +1,4 @@
-//===- Norms.cpp - rms_norm and layer_norm, forward and backward ----------===//
+//===- Norms.cpp - rms_norm (whole or sharded) and layer_norm, and backward ===//
 //
 // Statistics are accumulated in double per normalised group; x̂ is rounded
 // to f32 before the weight multiplies it, as transformers' Llama-style
@@ -103,6 +103,106 @@ void rmsNormBackward(KernelContext &ctx) {
       dwOut[j] = static_cast<float>(dw[j]);
 }
 
+// A norm whose rows are split over tensor-parallel ranks (OLMoE's q/k norms over every head):
+// row_sum_of_squares gives each rank's part of the rows' statistic, moe.tp_sum adds the parts,
+// and sharded_rms_norm normalises this rank's features by the whole rows' statistic. Its
+// backward's sum_of_squares gradient returns through the sum to every rank's features:
+//   y = s x r,  r = (S / N + eps)^-1/2,  dx = s dy r,  dS = -r³ / (2N) Σ s dy x,  dw = Σ dy x r.
+
+void rowSumOfSquares(KernelContext &ctx) {
+  RowSumOfSquaresShape s = checks::core::checkRowSumOfSquares(ctx, ctx.in(0), ctx.out(0), "result");
+  const float *x = floats(ctx, ctx.in(0), "input");
+  float *out = floats(ctx, ctx.out(0), "result");
+  ctx.parallelFor(s.rows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      double sum = 0;
+      for (int64_t j = 0; j < s.features; ++j)
+        sum += static_cast<double>(x[t * s.features + j]) * x[t * s.features + j];
+      out[t] = static_cast<float>(sum);
+    }
+  });
+}
+
+void rowSumOfSquaresBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0});
+  const TensorRef &input = ctx.in(0);
+  const float *x = floats(ctx, input, "input");
+  const TensorRef &sumGrad = launch.resultGrad0({input.dim(0), 1});
+  RowSumOfSquaresShape s = checks::core::checkRowSumOfSquares(ctx, input, sumGrad, "the result gradient");
+  const float *ds = floats(ctx, sumGrad, "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0);
+  if (!dxRef)
+    return;
+  float *dx = floats(ctx, *dxRef, "the input gradient");
+  ctx.parallelFor(s.rows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t j = 0; j < s.features; ++j)
+        dx[t * s.features + j] = 2.0f * x[t * s.features + j] * ds[t];
+  });
+}
+
+struct ShardedRmsNormArgs {
+  ShardedRmsNormShape s;
+  const float *x, *w, *ss;
+
+  ShardedRmsNormArgs(const KernelContext &ctx) : s(checks::core::checkShardedRmsNorm(ctx)) {
+    x = floats(ctx, ctx.in(0), "input");
+    w = floats(ctx, ctx.in(1), "weight");
+    ss = floats(ctx, ctx.in(2), "sum_of_squares");
+  }
+  /// 1 / sqrt(S / N + eps) of row t, rounded to f32 as rms_norm rounds it.
+  float inverseRms(int64_t t) const {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(ss[t]) / s.wholeFeatures + s.eps));
+  }
+  float scale(int64_t j) const { return s.unitOffset ? 1.0f + w[j] : w[j]; }
+};
+
+void shardedRmsNorm(KernelContext &ctx) {
+  ShardedRmsNormArgs a(ctx);
+  expectSameShape(ctx, ctx.out(0), "result", ctx.in(0), "input");
+  float *y = floats(ctx, ctx.out(0), "result");
+  int64_t n = a.s.features;
+  ctx.parallelFor(a.s.rows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float r = a.inverseRms(t);
+      for (int64_t j = 0; j < n; ++j)
+        y[t * n + j] = a.scale(j) * (a.x[t * n + j] * r);
+    }
+  });
+}
+
+void shardedRmsNormBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0, 1, 2});
+  ShardedRmsNormArgs a(ctx);
+  const float *dy = floats(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1), *dsRef = launch.operandGrad(2);
+  float *dx = dxRef ? floats(ctx, *dxRef, "the input gradient") : nullptr;
+  float *dwOut = dwRef ? floats(ctx, *dwRef, "the weight gradient") : nullptr;
+  float *ds = dsRef ? floats(ctx, *dsRef, "the sum_of_squares gradient") : nullptr;
+  int64_t n = a.s.features;
+  std::vector<double> dw =
+      rowBlocks(ctx, a.s.rows, dwOut ? n : 0, [&](int64_t begin, int64_t end, double *partial) {
+        for (int64_t t = begin; t < end; ++t) {
+          float r = a.inverseRms(t);
+          const float *xt = a.x + t * n, *dyt = dy + t * n;
+          double dot = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            double g = static_cast<double>(dyt[j]) * a.scale(j);
+            dot += g * xt[j];
+            if (dx)
+              dx[t * n + j] = static_cast<float>(g * r);
+            if (dwOut)
+              partial[j] += static_cast<double>(dyt[j]) * (static_cast<double>(xt[j]) * r);
+          }
+          if (ds)
+            ds[t] = static_cast<float>(-0.5 * static_cast<double>(r) * r * r / a.s.wholeFeatures * dot);
+        }
+      });
+  if (dwOut)
+    for (int64_t j = 0; j < n; ++j)
+      dwOut[j] = static_cast<float>(dw[j]);
+}
+
 /// layer_norm: x [..., F], weight [F], bias [F]; biased variance as torch has it.
 struct LayerNormArgs {
   const float *x, *w, *b;
@@ -200,6 +300,10 @@ void layerNormBackward(KernelContext &ctx) {
 void registerNormKernels(KernelRegistry &registry) {
   registry.add("rms_norm", rmsNorm);
   registry.add("rms_norm.backward", rmsNormBackward);
+  registry.add("row_sum_of_squares", rowSumOfSquares);
+  registry.add("row_sum_of_squares.backward", rowSumOfSquaresBackward);
+  registry.add("sharded_rms_norm", shardedRmsNorm);
+  registry.add("sharded_rms_norm.backward", shardedRmsNormBackward);
   registry.add("layer_norm", layerNorm);
   registry.add("layer_norm.backward", layerNormBackward);
 }

@@ -208,6 +208,133 @@ TEST(RmsNorm, SameBitsForAnyThreadCount) {
 }
 
 //===----------------------------------------------------------------------===//
+// row_sum_of_squares and sharded_rms_norm: a norm over rows split in parts
+//===----------------------------------------------------------------------===//
+
+/// Columns [begin, begin + width) of a [rows, cols] tensor.
+std::vector<float> columns(const std::vector<float> &x, int64_t rows, int64_t cols, int64_t begin, int64_t width) {
+  std::vector<float> part;
+  for (int64_t t = 0; t < rows; ++t)
+    part.insert(part.end(), x.begin() + t * cols + begin, x.begin() + t * cols + begin + width);
+  return part;
+}
+
+std::vector<double> doubles(const std::vector<float> &v) { return {v.begin(), v.end()}; }
+
+KernelCall rowSumOfSquaresCall(OwnedTensor x) {
+  int64_t rows = x.shape[0];
+  KernelCall call(registry(), "row_sum_of_squares");
+  call.input(std::move(x)).output(plan::F32, {rows, 1});
+  return call;
+}
+
+KernelCall shardedRmsNormCall(OwnedTensor x, OwnedTensor w, OwnedTensor sumOfSquares, int64_t wholeFeatures,
+                              bool unitOffset) {
+  std::vector<int64_t> shape = x.shape;
+  KernelCall call(registry(), "sharded_rms_norm");
+  call.input(std::move(x))
+      .input(std::move(w))
+      .input(std::move(sumOfSquares))
+      .attr("eps", 1e-6)
+      .attr("features", wholeFeatures)
+      .output(plan::F32, shape);
+  if (unitOffset)
+    call.attr("unit_offset", true);
+  return call;
+}
+
+// Rows of 24 features split in parts of 10, 8 and 6 (tp ranks holding uneven heads would not
+// occur, but nothing in the arithmetic depends on equal parts): the parts' sums of squares
+// added, each part normalised by them, give rms_norm's rows, and the parts' gradients (with the
+// sum's gradient added up over the parts and sent back through each row_sum_of_squares) give
+// rms_norm's.
+TEST(ShardedRmsNorm, PartsComposeToRmsNormForwardAndBackward) {
+  const int64_t rows = 7, cols = 24;
+  const std::vector<int64_t> widths = {10, 8, 6};
+  for (bool unitOffset : {false, true}) {
+    KernelCall whole = rmsNormCall({rows, cols}, cols, unitOffset, 31);
+    whole.run();
+    OwnedTensor dy = randomTensor({rows, cols}, 32);
+    KernelCall wholeBackward = backwardOf(whole, {0, 1}, {{0, dy}});
+    wholeBackward.run();
+    std::vector<float> x = whole.inputsRef()[0].floats(), w = whole.inputsRef()[1].floats();
+
+    std::vector<double> sum(rows, 0.0);
+    for (int64_t begin = 0, p = 0; p < 3; begin += widths[p], ++p) {
+      KernelCall part = rowSumOfSquaresCall(floatTensor({rows, widths[p]}, columns(x, rows, cols, begin, widths[p])));
+      part.run();
+      for (int64_t t = 0; t < rows; ++t)
+        sum[t] += part.result(0).floats()[t];
+    }
+    std::vector<float> sumF(sum.begin(), sum.end());
+    std::vector<double> sumGrad(rows, 0.0);
+    std::vector<std::vector<float>> directGrads;
+    for (int64_t begin = 0, p = 0; p < 3; begin += widths[p], ++p) {
+      std::string what = "part " + std::to_string(p) + (unitOffset ? " (1 + w)" : "");
+      std::vector<float> wPart(w.begin() + begin, w.begin() + begin + widths[p]);
+      KernelCall norm = shardedRmsNormCall(floatTensor({rows, widths[p]}, columns(x, rows, cols, begin, widths[p])),
+                                           floatTensor({widths[p]}, wPart), floatTensor({rows, 1}, sumF), cols,
+                                           unitOffset);
+      norm.run();
+      expectNear(norm.result(0).floats(), doubles(columns(whole.result(0).floats(), rows, cols, begin, widths[p])),
+                 1e-6, what + " y");
+      KernelCall backward = backwardOf(
+          norm, {0, 1, 2}, {{0, floatTensor({rows, widths[p]}, columns(dy.floats(), rows, cols, begin, widths[p]))}});
+      backward.run();
+      std::vector<float> dwWhole = wholeBackward.result(1).floats();
+      expectNear(backward.result(1).floats(), doubles({dwWhole.begin() + begin, dwWhole.begin() + begin + widths[p]}),
+                 1e-5, what + " dw");
+      directGrads.push_back(backward.result(0).floats());
+      for (int64_t t = 0; t < rows; ++t)
+        sumGrad[t] += backward.result(2).floats()[t];
+    }
+    std::vector<float> sumGradF(sumGrad.begin(), sumGrad.end());
+    std::vector<float> dxWhole = wholeBackward.result(0).floats();
+    for (int64_t begin = 0, p = 0; p < 3; begin += widths[p], ++p) {
+      KernelCall part = rowSumOfSquaresCall(floatTensor({rows, widths[p]}, columns(x, rows, cols, begin, widths[p])));
+      KernelCall backward = backwardOf(part, {0}, {{0, floatTensor({rows, 1}, sumGradF)}});
+      backward.run();
+      std::vector<float> dx = directGrads[p]; // the executor adds a value's gradients up
+      for (size_t i = 0; i < dx.size(); ++i)
+        dx[i] += backward.result(0).floats()[i];
+      expectNear(dx, doubles(columns(dxWhole, rows, cols, begin, widths[p])), 1e-5, "part " + std::to_string(p) + " dx");
+    }
+  }
+}
+
+TEST(ShardedRmsNorm, BackwardMatchesFiniteDifferences) {
+  KernelCall sum = rowSumOfSquaresCall(randomTensor({5, 6}, 41, 2.0f));
+  GradientCheck sumCheck = checkGradients(registry(), sum, {0});
+  EXPECT_LT(sumCheck.worstRelativeError, 1e-2) << sumCheck.report;
+
+  // A sum of squares of rows of 16 features, this part being 6 of them.
+  std::vector<float> s = randomTensor({5, 1}, 42, 1.0f).floats();
+  for (float &v : s)
+    v = 8.0f + 4.0f * v;
+  for (bool unitOffset : {false, true}) {
+    KernelCall norm = shardedRmsNormCall(randomTensor({5, 6}, 43, 2.0f), normWeight(6, unitOffset, 44),
+                                         floatTensor({5, 1}, s), 16, unitOffset);
+    GradientCheck check = checkGradients(registry(), norm, {0, 1, 2});
+    EXPECT_LT(check.worstRelativeError, 1e-2) << check.report;
+  }
+}
+
+TEST(ShardedRmsNorm, RejectsBadLaunches) {
+  KernelCall fewer = shardedRmsNormCall(randomTensor({3, 8}, 1), filledTensor({8}, 1), filledTensor({3, 1}, 4), 4,
+                                        false);
+  EXPECT_THAT(failureOf(fewer), HasSubstr("features (4, the whole rows') is less than the input's 8"));
+  KernelCall wrongSum = shardedRmsNormCall(randomTensor({3, 8}, 1), filledTensor({8}, 1), filledTensor({3, 2}, 4),
+                                           16, false);
+  EXPECT_THAT(failureOf(wrongSum), HasSubstr("sum_of_squares"));
+  KernelCall wrongWeight = shardedRmsNormCall(randomTensor({3, 8}, 1), filledTensor({4}, 1),
+                                              filledTensor({3, 1}, 4), 16, false);
+  EXPECT_THAT(failureOf(wrongWeight), HasSubstr("weight"));
+  KernelCall narrowSum(registry(), "row_sum_of_squares");
+  narrowSum.input(randomTensor({3, 8}, 1)).output(plan::BF16, {3, 1});
+  EXPECT_THAT(failureOf(narrowSum), HasSubstr("result must be f32"));
+}
+
+//===----------------------------------------------------------------------===//
 // layer_norm
 //===----------------------------------------------------------------------===//
 

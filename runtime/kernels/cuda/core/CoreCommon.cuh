@@ -88,6 +88,8 @@ using checks::core::expectRowsShape;
 using checks::core::expectSameShape;
 using checks::core::rowsOf;
 using checks::core::shapeText;
+using checks::core::RowSumOfSquaresShape;
+using checks::core::ShardedRmsNormShape;
 
 /// The inputs and outputs of a `.backward` launch (see Kernel.h), checked as
 /// the CPU kernels check them, with every gradient f32 or bf16.

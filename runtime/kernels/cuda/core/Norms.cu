@@ -1,4 +1,4 @@
-//===- Norms.cu - rms_norm and layer_norm, forward and backward -----------===//
+//===- Norms.cu - rms_norm (whole or sharded) and layer_norm, and backward ==//
 //
 // One thread block per normalised group (rms_norm; a warp per group for groups of
 // at most 256 features) or row (layer_norm); statistics reduced in f32 in a fixed order. x̂ is rounded to
@@ -369,6 +369,135 @@ void rmsNormBackward(KernelContext &ctx) {
 }
 
 //===----------------------------------------------------------------------===//
+// row_sum_of_squares and sharded_rms_norm (rows split over tp; see the CPU twin)
+//===----------------------------------------------------------------------===//
+
+/// out[t] = Σ_j x[t, j]². Grid: one block per row.
+__global__ void rowSumOfSquaresKernel(FloatIn x, float *out, int64_t n) {
+  __shared__ float shared[32];
+  int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  float squares = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float v = x[base + j];
+    squares += v * v;
+  }
+  squares = blockSum(squares, shared);
+  if (threadIdx.x == 0)
+    out[blockIdx.x] = squares;
+}
+
+/// dx = 2 x dS of its row (grid-stride over rows x n elements).
+__global__ void rowSumOfSquaresBackwardKernel(FloatIn x, const float *ds, FloatOut dx, int64_t total, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dx.set(i, 2.0f * x[i] * ds[i / n]);
+}
+
+__device__ __forceinline__ float shardedInverseRms(const float *ss, int64_t t, int64_t whole, float eps) {
+  return 1.0f / sqrtf(ss[t] / static_cast<float>(whole) + eps);
+}
+
+/// y = s x r of its row (grid-stride).
+__global__ void shardedRmsNormKernel(FloatIn x, FloatIn w, const float *ss, FloatOut y, int64_t total, int64_t n,
+                                     int64_t whole, float eps, bool unitOffset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float r = shardedInverseRms(ss, i / n, whole, eps);
+    y.set(i, normScale(w, i % n, unitOffset) * (x[i] * r));
+  }
+}
+
+/// dx = s dy r, dS = -r³ / (2N) Σ s dy x; r per row for dw. Grid: one block per row; dx.p,
+/// ds and rinv may be null (not asked).
+__global__ void shardedRmsNormBackwardKernel(FloatIn x, FloatIn w, const float *ss, FloatIn dy, FloatOut dx,
+                                             float *ds, float *rinv, int64_t n, int64_t whole, float eps,
+                                             bool unitOffset) {
+  __shared__ float shared[32];
+  int64_t t = blockIdx.x, base = t * n;
+  float r = shardedInverseRms(ss, t, whole, eps);
+  if (rinv && threadIdx.x == 0)
+    rinv[t] = r;
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float g = dy[base + j] * normScale(w, j, unitOffset);
+    dot += g * x[base + j];
+    if (dx.p)
+      dx.set(base + j, g * r);
+  }
+  if (!ds)
+    return; // uniform over the block
+  dot = blockSum(dot, shared);
+  if (threadIdx.x == 0)
+    ds[t] = -0.5f * r * r * r / static_cast<float>(whole) * dot;
+}
+
+/// A row statistic's data (always f32: it sums a whole row).
+float *rowStatistic(const KernelContext &ctx, const TensorRef &t, const std::string &what) {
+  if (t.dtype != plan::F32)
+    ctx.fail(what + " must be f32");
+  return static_cast<float *>(t.data);
+}
+
+void rowSumOfSquares(KernelContext &ctx) {
+  RowSumOfSquaresShape s = checks::core::checkRowSumOfSquares(ctx, ctx.in(0), ctx.out(0), "result");
+  FloatIn x = floatIn(ctx, ctx.in(0), "input");
+  if (s.rows == 0)
+    return;
+  rowSumOfSquaresKernel<<<blockCount(ctx, s.rows), rowThreads(s.features), 0, streamOf(ctx)>>>(
+      x, static_cast<float *>(ctx.out(0).data), s.features);
+  checkLaunch(ctx, "row_sum_of_squares");
+}
+
+void rowSumOfSquaresBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0});
+  const TensorRef &input = ctx.in(0), &sumGrad = launch.resultGrad0({input.dim(0), 1});
+  RowSumOfSquaresShape s = checks::core::checkRowSumOfSquares(ctx, input, sumGrad, "the result gradient");
+  FloatIn x = floatIn(ctx, input, "input");
+  const TensorRef *dxRef = launch.operandGrad(0);
+  if (!dxRef || s.rows * s.features == 0)
+    return;
+  rowSumOfSquaresBackwardKernel<<<gridFor(s.rows * s.features), kThreads, 0, streamOf(ctx)>>>(
+      x, static_cast<const float *>(sumGrad.data), floatOut(ctx, *dxRef, "the input gradient"), s.rows * s.features,
+      s.features);
+  checkLaunch(ctx, "row_sum_of_squares.backward");
+}
+
+void shardedRmsNorm(KernelContext &ctx) {
+  ShardedRmsNormShape s = checks::core::checkShardedRmsNorm(ctx);
+  expectSameShape(ctx, ctx.out(0), "result", ctx.in(0), "input");
+  FloatIn x = floatIn(ctx, ctx.in(0), "input"), w = floatIn(ctx, ctx.in(1), "weight");
+  FloatOut y = floatOut(ctx, ctx.out(0), "result");
+  if (s.rows * s.features == 0)
+    return;
+  shardedRmsNormKernel<<<gridFor(s.rows * s.features), kThreads, 0, streamOf(ctx)>>>(
+      x, w, rowStatistic(ctx, ctx.in(2), "sum_of_squares"), y, s.rows * s.features, s.features, s.wholeFeatures, s.eps,
+      s.unitOffset);
+  checkLaunch(ctx, "sharded_rms_norm");
+}
+
+void shardedRmsNormBackward(KernelContext &ctx) {
+  BackwardLaunch launch(ctx, 1, {0, 1, 2});
+  ShardedRmsNormShape s = checks::core::checkShardedRmsNorm(ctx);
+  FloatIn x = floatIn(ctx, ctx.in(0), "input"), w = floatIn(ctx, ctx.in(1), "weight");
+  const float *ss = rowStatistic(ctx, ctx.in(2), "sum_of_squares");
+  FloatIn dy = floatIn(ctx, launch.resultGrad0(ctx.in(0).shape), "the result gradient");
+  const TensorRef *dxRef = launch.operandGrad(0), *dwRef = launch.operandGrad(1), *dsRef = launch.operandGrad(2);
+  FloatOut dx = dxRef ? floatOut(ctx, *dxRef, "the input gradient") : FloatOut{};
+  FloatOut dw = dwRef ? floatOut(ctx, *dwRef, "the weight gradient") : FloatOut{};
+  float *ds = dsRef ? rowStatistic(ctx, *dsRef, "the sum_of_squares gradient") : nullptr;
+  if (s.rows == 0 || (!dxRef && !dwRef && !dsRef))
+    return;
+  Workspace ws(ctx);
+  float *rinv = dwRef ? ws.alloc<float>(s.rows) : nullptr;
+  shardedRmsNormBackwardKernel<<<blockCount(ctx, s.rows), rowThreads(s.features), 0, streamOf(ctx)>>>(
+      x, w, ss, dy, dx, ds, rinv, s.features, s.wholeFeatures, s.eps, s.unitOffset);
+  checkLaunch(ctx, "sharded_rms_norm.backward");
+  if (dwRef)
+    columnSums(ctx, ws, RmsWeightGrad{x, dy, rinv, s.features}, s.rows, s.features, dw,
+               "sharded_rms_norm.backward (weight)");
+}
+
+//===----------------------------------------------------------------------===//
 // layer_norm
 //===----------------------------------------------------------------------===//
 
@@ -497,6 +626,10 @@ void layerNormBackward(KernelContext &ctx) {
 void registerNormKernels(KernelRegistry &registry) {
   registry.add("rms_norm", rmsNorm, OutputInit::Any); // every row normalised
   registry.add("rms_norm.backward", rmsNormBackward);
+  registry.add("row_sum_of_squares", rowSumOfSquares, OutputInit::Any); // every row written
+  registry.add("row_sum_of_squares.backward", rowSumOfSquaresBackward);
+  registry.add("sharded_rms_norm", shardedRmsNorm, OutputInit::Any);
+  registry.add("sharded_rms_norm.backward", shardedRmsNormBackward);
   registry.add("layer_norm", layerNorm);
   registry.add("layer_norm.backward", layerNormBackward);
 }

@@ -1,4 +1,4 @@
-//===- NormsTest.cpp - rms_norm and layer_norm on CUDA against the CPU ----===//
+//===- NormsTest.cpp - rms_norm (whole, sharded), layer_norm on CUDA vs CPU ===//
 
 #include "runtime/kernels/cuda/core/CoreCompare.h"
 
@@ -91,6 +91,82 @@ TEST(CudaRmsNorm, BackwardMatchesCpu) {
             return backwardOf(forward, wrt, {{0, randomTensor(c.shape, 99)}});
           },
           name(c) + " backward wrt " + shapeText(wrt));
+}
+
+// row_sum_of_squares and sharded_rms_norm: rows of `whole` features of which the launch holds
+// `features` (a tp rank's heads); the sum of squares and its gradient stay f32 in bf16 runs.
+struct ShardedCase {
+  int64_t rows, features, whole;
+  bool unitOffset;
+};
+
+const std::vector<ShardedCase> kShardedCases = {
+    {7, 12, 24, false}, {5, 1, 3, true}, {13, 1000, 2000, true}, {64, 1024, 2048, false}, {300, 257, 514, false},
+};
+
+std::string name(const ShardedCase &c) {
+  return "[" + std::to_string(c.rows) + "," + std::to_string(c.features) + "] of " + std::to_string(c.whole) +
+         (c.unitOffset ? " unit_offset" : "");
+}
+
+KernelCall shardedRmsNormCall(const ShardedCase &c, uint64_t seed) {
+  std::vector<float> ss = randomTensor({c.rows, 1}, seed + 2, 1.0f).floats();
+  for (float &v : ss)
+    v = static_cast<float>(c.whole) * (2.0f + v); // rows of values about 1.4 in size
+  KernelCall call(registry(), "sharded_rms_norm");
+  call.input(randomTensor({c.rows, c.features}, seed, 2.0f))
+      .input(normWeight(c.features, c.unitOffset, seed + 1))
+      .input(floatTensor({c.rows, 1}, ss))
+      .attr("eps", 1e-6)
+      .attr("features", c.whole)
+      .output(plan::F32, {c.rows, c.features});
+  if (c.unitOffset)
+    call.attr("unit_offset", true);
+  return call;
+}
+
+KernelCall rowSumOfSquaresCall(const ShardedCase &c, uint64_t seed) {
+  KernelCall call(registry(), "row_sum_of_squares");
+  call.input(randomTensor({c.rows, c.features}, seed, 2.0f)).output(plan::F32, {c.rows, 1});
+  return call;
+}
+
+TEST(CudaShardedRmsNorm, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  CudaCompareOptions sum, norm;
+  sum.f32Outputs = {0};
+  norm.f32Inputs = {2};
+  for (const ShardedCase &c : kShardedCases) {
+    expectMatchesCpu([&] { return rowSumOfSquaresCall(c, 7); }, "row_sum_of_squares " + name(c), sum);
+    expectMatchesCpu([&] { return shardedRmsNormCall(c, 8); }, "sharded_rms_norm " + name(c), norm);
+  }
+}
+
+TEST(CudaShardedRmsNorm, BackwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const ShardedCase &c : kShardedCases) {
+    CudaCompareOptions sum;
+    sum.f32Inputs = {1}; // the sum's gradient
+    expectMatchesCpu(
+        [&] {
+          KernelCall forward = rowSumOfSquaresCall(c, 9);
+          return backwardOf(forward, {0}, {{0, randomTensor({c.rows, 1}, 97)}});
+        },
+        "row_sum_of_squares " + name(c) + " backward", sum);
+    for (const std::vector<int64_t> &wrt : std::vector<std::vector<int64_t>>{{0, 1, 2}, {2}, {1}, {2, 0}}) {
+      CudaCompareOptions norm;
+      norm.f32Inputs = {2};
+      for (size_t i = 0; i < wrt.size(); ++i)
+        if (wrt[i] == 2)
+          norm.f32Outputs = {i};
+      expectMatchesCpu(
+          [&] {
+            KernelCall forward = shardedRmsNormCall(c, 10);
+            return backwardOf(forward, wrt, {{0, randomTensor({c.rows, c.features}, 96)}});
+          },
+          "sharded_rms_norm " + name(c) + " backward wrt " + shapeText(wrt), norm);
+    }
+  }
 }
 
 KernelCall layerNormCall(const std::vector<int64_t> &shape, uint64_t seed) {
