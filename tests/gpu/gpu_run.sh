@@ -21,7 +21,11 @@
 #                               skips the stopped-rank check
 #   tests/gpu/gpu_run.sh mesh1  on one GPU: the mesh checks of `mesh` with every rank on GPU 0
 #                               (--ranks-on-one-gpu: the kernels of the mesh plans on the GPU,
-#                               the collectives through host memory; no NCCL, no scale)
+#                               the collectives through host memory; no NCCL, no scale), then
+#                               moe-run --nproc 2 --ranks-on-one-gpu against one rank: the tiny
+#                               gpt-oss and OLMoE (f32, bf16) on tp=2 and tp=2-sp, Qwen3-30B-A3B
+#                               and OLMoE-1B-7B shapes (4 layers, 4096 tokens) on tp=2-sp;
+#                               MESHES="" skips the mesh checks
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16 (and bf16 with --fuse-lora, three in f32 with
