@@ -250,9 +250,11 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
     plan::Rank *each = out.add_ranks();
     *each = stageRanks[stage];
     each->set_rank(static_cast<int32_t>(r));
-    // A tp rank's rows (moe.tp_slice, the microbatch kernel along an axis): its coordinate.
+    // A tp rank's rows (moe.tp_slice, the microbatch kernel along an axis) or columns
+    // (moe.tp_slice_features, moe.tp_place_features): its coordinate.
     for (plan::Step &step : *each->mutable_steps())
-      if (step.has_launch() && step.launch().kernel() == "microbatch" && step.launch().attrs().contains("axis")) {
+      if (step.has_launch() && step.launch().attrs().contains("axis") &&
+          llvm::is_contained({"microbatch", "tp_slice_features", "tp_place_features"}, step.launch().kernel())) {
         auto &attrs = *step.mutable_launch()->mutable_attrs();
         attrs["index"].set_i(shape.coordinate(r, attrs["axis"].s()));
       }

@@ -99,6 +99,31 @@ LogicalResult TpSumOp::buildBackward(OpBuilder &builder, ValueRange resultGrads,
   return success();
 }
 
+/// The backward of a slice or a placement of feature columns: the other one, on the gradient.
+template <typename Adjoint, typename Op>
+static LogicalResult featuresBackward(Op op, OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                      SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.assign(1, Value());
+  if (!wanted[0] || !resultGrads[0])
+    return success();
+  auto type = cast<RankedTensorType>(op.getInput().getType())
+                  .clone(cast<RankedTensorType>(resultGrads[0].getType()).getElementType());
+  operandGrads[0] = builder.create<Adjoint>(op.getLoc(), type, resultGrads[0], op.getAxisAttr(), op.getPiecesAttr(),
+                                            op.getRanksAttr());
+  return success();
+}
+
+LogicalResult TpSliceFeaturesOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                               SmallVectorImpl<Value> &operandGrads) {
+  // This rank's columns' gradient, in place in the whole input's (zeros elsewhere).
+  return featuresBackward<TpPlaceFeaturesOp>(*this, builder, resultGrads, wanted, operandGrads);
+}
+
+LogicalResult TpPlaceFeaturesOp::buildBackward(OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,
+                                               SmallVectorImpl<Value> &operandGrads) {
+  return featuresBackward<TpSliceFeaturesOp>(*this, builder, resultGrads, wanted, operandGrads);
+}
+
 /// The backward of a gather or a slice of token rows: the other one, on the gradient.
 template <typename Adjoint>
 static LogicalResult rowsBackward(Operation *op, OpBuilder &builder, ValueRange resultGrads, ArrayRef<bool> wanted,

@@ -1205,6 +1205,46 @@ def Moe_TpSumOp : Moe_Op<"tp_sum", [Pure, SameOperandsAndResultType,
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
+def Moe_TpSliceFeaturesOp : Moe_ComputeOp<"tp_slice_features", [Moe_Tokenwise], ["buildBackward"]> {
+  let summary = "A tp rank's columns of each part of a value every rank holds whole.";
+  let description = [{
+    `input: [T, F]` stacks parts of `pieces` columns (in order, summing to
+    F) that split over the `ranks` ranks of `axis` separately; rank k keeps
+    columns [k P / n, (k + 1) P / n) of each part P, concatenated:
+    `[T, F / n]`. No communication: every rank computed the whole input (the
+    adapter of a projection whose weight splits in pieces, Mamba-2's
+    in_proj). The backward is `moe.tp_place_features` of the gradient: this
+    rank's share of the input's gradient, summed where the input's readers
+    sum it (`moe.tp_partial_grad`, `moe.tp_enter`).
+
+    ```mlir
+    %mine = moe.tp_slice_features %delta {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64}
+        : (tensor<?x100xf32>) -> tensor<?x50xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis, DenseI64ArrayAttr:$pieces, I64Attr:$ranks);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def Moe_TpPlaceFeaturesOp : Moe_ComputeOp<"tp_place_features", [Moe_Tokenwise], ["buildBackward"]> {
+  let summary = "A tp rank's columns of each part put back in place, zeros elsewhere.";
+  let description = [{
+    The adjoint of `moe.tp_slice_features` (same attributes): `input:
+    [T, F / n]` holds rank k's columns of each part; the result `[T, F]`
+    has them where they came from and zeros in the other ranks' columns.
+    Its backward is `moe.tp_slice_features` of the gradient.
+
+    ```mlir
+    %whole = moe.tp_place_features %grad {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64}
+        : (tensor<?x50xf32>) -> tensor<?x100xf32>
+    ```
+  }];
+  let arguments = (ins Moe_Tensor:$input, StrAttr:$axis, DenseI64ArrayAttr:$pieces, I64Attr:$ranks);
+  let results = (outs Moe_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
 def Moe_TpGatherOp : Moe_Op<"tp_gather", [Pure, SameOperandsAndResultType,
     DeclareOpInterfaceMethods<Moe_DifferentiableOpInterface, ["buildBackward"]>]> {
   let summary = "Gathers every rank's rows over a mesh axis (all-gather; sequence parallel).";

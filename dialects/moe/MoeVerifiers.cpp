@@ -683,6 +683,34 @@ static LogicalResult verifyTokenRows(Operation *op, Value input) {
   return success();
 }
 
+/// moe.tp_slice_features and moe.tp_place_features: `whole` [T, F] of parts `pieces`, `part`
+/// [T, F / ranks] a rank's share of each.
+static LogicalResult verifyFeaturePieces(Operation *op, Value whole, Value part, int64_t ranks,
+                                         ArrayRef<int64_t> pieces) {
+  Checker c(op);
+  if (!c.rank("whole", whole, 2) || !c.rank("part", part, 2) || !c.sameDim("whole", whole, 0, "part", part, 0) ||
+      !c.sameElementType("whole", whole, "part", part))
+    return failure();
+  if (ranks < 2)
+    return op->emitOpError("ranks must be at least 2, got ") << ranks;
+  int64_t total = 0;
+  for (int64_t columns : pieces) {
+    if (columns <= 0 || columns % ranks)
+      return op->emitOpError("a piece of ") << columns << " columns does not split over " << ranks << " ranks";
+    total += columns;
+  }
+  return success(c.dim("whole", whole, 1, total, "the pieces' columns") &&
+                 c.dim("part", part, 1, total / ranks, "a rank's share of the pieces"));
+}
+
+LogicalResult TpSliceFeaturesOp::verify() {
+  return verifyFeaturePieces(*this, getInput(), getResult(), getRanks(), getPieces());
+}
+
+LogicalResult TpPlaceFeaturesOp::verify() {
+  return verifyFeaturePieces(*this, getResult(), getInput(), getRanks(), getPieces());
+}
+
 LogicalResult TpExitOp::verify() {
   auto in = tensorType(getInput()), out = tensorType(getResult());
   if (getRows() && failed(verifyTokenRows(*this, getInput())))

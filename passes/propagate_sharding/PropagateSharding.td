@@ -95,7 +95,8 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     splits its key heads with their value heads (its fused projections hold
     one group per key head; the convolution over q, k and v splits in three
     pieces, `moe.tp_pieces`), Mamba-2 its heads with their groups (`in_proj`
-    in five pieces; not with an adapter on `in_proj`). Everything else (the
+    in five pieces; its adapter whole on every rank, each rank's columns of
+    its output's pieces kept: `moe.tp_slice_features`). Everything else (the
     DSA indexer) stays whole: every tp rank computes it; an attention or MLP
     that cannot split is named in a warning, and a model with nothing to
     split fails.

@@ -33,9 +33,10 @@
 // dt_bias split with the value heads; the norm weight is shared.
 //
 // Mamba-2 (moe.mamba2) splits its heads and groups (a head reads its group's B and C): in_proj
-// (frozen, no adapter: a trainable B would need its export and gradients in pieces too) in five
-// pieces, its outputs z, x, B, C and dt each split; the convolution (and its bias) over x, B
-// and C in three; dt_bias, A_log, D by head; the grouped norm's weight by group.
+// (frozen) in five pieces, its outputs z, x, B, C and dt each split (its adapter whole on every
+// rank, each rank's columns of each piece of the adapter's output kept: moe.tp_slice_features);
+// the convolution (and its bias) over x, B and C in three; dt_bias, A_log, D by head; the
+// grouped norm's weight by group.
 //
 // Dense MLPs (dense layers, shared experts) split their intermediate features as attention
 // splits heads: gate and up projections split on out, moe.glu / moe.activation of splits is
@@ -89,6 +90,11 @@ struct HeadSplit {
   llvm::SetVector<Value> partials;       // partial sums after the attention
   llvm::SetVector<Value> exits;          // partial sums read where the sum is needed
   llvm::SetVector<Operation *> rowNorms; // rms_norms over every head: sharded (their sum over tp)
+  struct PieceAdapter {
+    moe::LoRAOp lora; // whole on every rank: its output's columns of each piece are sliced
+    SmallVector<int64_t> pieces;
+  };
+  SmallVector<PieceAdapter> pieceAdapters;
 };
 
 class Analysis {
@@ -130,11 +136,27 @@ public:
       if (h % ranks || g % ranks)
         return "its " + std::to_string(h) + " heads and " + std::to_string(g) + " groups do not split over tp = " +
                std::to_string(ranks);
-      // zxbcdt stacks z, x, B, C and dt: in_proj splits in five pieces.
-      auto in = mamba.getZxbcdt().getDefiningOp<moe::LinearOp>();
+      // zxbcdt stacks z, x, B, C and dt: in_proj splits in five pieces. Its adapter, if any,
+      // stays whole on every rank (a small product); each rank keeps its columns of the
+      // adapter's output (moe.tp_slice_features), so A's and B's gradients are partial.
+      const SmallVector<int64_t> pieces = {h * p, h * p, g * n, g * n, h};
+      Value zxbcdt = mamba.getZxbcdt();
+      auto in = zxbcdt.getDefiningOp<moe::LinearOp>();
+      if (auto add = zxbcdt.getDefiningOp<moe::AddOp>()) {
+        auto base = add.getLhs().getDefiningOp<moe::LinearOp>();
+        auto lora = add.getRhs().getDefiningOp<moe::LoRAOp>();
+        if (base && lora && base.getInput() == lora.getInput() && base->hasOneUse() && lora->hasOneUse()) {
+          if (!addPartialGrad(lora.getLoraA()) || !addPartialGrad(lora.getLoraB()))
+            return why;
+          in = base;
+          plan.pieceAdapters.push_back({lora, pieces});
+          plan.region.insert(in);
+          plan.region.insert(add);
+        }
+      }
       if (!in || in.getBias())
-        return "its in_proj is not one projection without bias or adapter (an adapter's B would need pieces)";
-      if (!addWeight(in.getWeight(), 0, {h * p, h * p, g * n, g * n, h}))
+        return "its in_proj is not one projection without bias (with or without an adapter)";
+      if (!addWeight(in.getWeight(), 0, pieces))
         return why;
       plan.inputs.insert(in.getInput());
       plan.region.insert(in);
@@ -504,6 +526,15 @@ void apply(HeadSplit &plan, int64_t ranks) {
       b.setInsertionPointToStart(cast<BlockArgument>(input).getOwner());
     auto enter = b.create<moe::TpEnterOp>(because, input, tp);
     input.replaceUsesWithIf(enter.getResult(), [&](OpOperand &use) { return plan.region.contains(use.getOwner()); });
+  }
+  for (HeadSplit::PieceAdapter &adapter : plan.pieceAdapters) {
+    moe::LoRAOp lora = adapter.lora;
+    auto add = cast<moe::AddOp>(*lora->user_begin());
+    lora.getInputMutable().assign(add.getLhs().getDefiningOp<moe::LinearOp>().getInput()); // the entered input
+    b.setInsertionPointAfter(lora);
+    auto mine = b.create<moe::TpSliceFeaturesOp>(lora.getLoc(), splitFeatures(lora.getType(), ranks), lora.getResult(),
+                                                 tp, b.getDenseI64ArrayAttr(adapter.pieces), b.getI64IntegerAttr(ranks));
+    add.getRhsMutable().assign(mine.getResult());
   }
   // Narrow (bf16) data: the partial sums stay f32 until the ranks' parts are summed, so the
   // sum is rounded once, as one rank rounds it; where it is added to a narrower value (the

@@ -209,3 +209,15 @@ func.func @sharded_rms_norm(%x: tensor<?x1024xbf16>, %w: tensor<1024xbf16>) -> t
   %y = moe.sharded_rms_norm %x, %w, %all {eps = 1.0e-05 : f64, features = 2048 : i64} : (tensor<?x1024xbf16>, tensor<1024xbf16>, tensor<?x1xf32>) -> tensor<?x1024xbf16>
   return %y : tensor<?x1024xbf16>
 }
+
+// -----
+
+// Tests that a tp rank's columns of each piece, and their placement back, round-trip.
+// CHECK-LABEL: func.func @tp_features(
+// CHECK: %[[MINE:.*]] = moe.tp_slice_features %{{.*}} {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64} : (tensor<?x100xf32>) -> tensor<?x50xf32>
+// CHECK: moe.tp_place_features %[[MINE]] {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64} : (tensor<?x50xf32>) -> tensor<?x100xf32>
+func.func @tp_features(%x: tensor<?x100xf32>) -> tensor<?x100xf32> {
+  %mine = moe.tp_slice_features %x {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64} : (tensor<?x100xf32>) -> tensor<?x50xf32>
+  %back = moe.tp_place_features %mine {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64} : (tensor<?x50xf32>) -> tensor<?x100xf32>
+  return %back : tensor<?x100xf32>
+}

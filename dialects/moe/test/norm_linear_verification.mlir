@@ -322,3 +322,21 @@ func.func @sharded_rms_norm_features(%x: tensor<?x1024xbf16>, %w: tensor<1024xbf
   %y = moe.sharded_rms_norm %x, %w, %s {eps = 1.0e-05 : f64, features = 1000 : i64} : (tensor<?x1024xbf16>, tensor<1024xbf16>, tensor<?x1xf32>) -> tensor<?x1024xbf16>
   return %y : tensor<?x1024xbf16>
 }
+
+// -----
+
+// Tests that every piece splits over the ranks.
+func.func @tp_slice_features_uneven(%x: tensor<?x100xf32>) -> tensor<?x50xf32> {
+  // expected-error @+1 {{'moe.tp_slice_features' op a piece of 3 columns does not split over 2 ranks}}
+  %mine = moe.tp_slice_features %x {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 3, 1>, ranks = 2 : i64} : (tensor<?x100xf32>) -> tensor<?x50xf32>
+  return %mine : tensor<?x50xf32>
+}
+
+// -----
+
+// Tests that the pieces cover the whole value's columns.
+func.func @tp_place_features_columns(%x: tensor<?x50xf32>) -> tensor<?x96xf32> {
+  // expected-error @+1 {{'moe.tp_place_features' op whole dimension 1 must be 100 (the pieces' columns), got 96}}
+  %back = moe.tp_place_features %x {axis = "tp", pieces = array<i64: 32, 32, 16, 16, 4>, ranks = 2 : i64} : (tensor<?x50xf32>) -> tensor<?x96xf32>
+  return %back : tensor<?x96xf32>
+}

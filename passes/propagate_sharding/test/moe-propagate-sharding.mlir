@@ -13,7 +13,8 @@
 // RUN: moe-opt %inputs/gqa.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,o_proj rank=4},moe-propagate-sharding{mesh=tp=2},moe-build-training-step,moe-sync-gradients))' | FileCheck %s --check-prefix=HEADS-STEP
 // RUN: moe-opt %inputs/gdn.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj_qkvz,out_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=GDN
 // RUN: moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=out_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=MAMBA
-// RUN: not moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=MAMBA-LORA
+// RUN: moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=MAMBA-LORA
+// RUN: moe-opt %inputs/mamba2.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=in_proj rank=2},moe-propagate-sharding{mesh=tp=2},moe-build-training-step))' | FileCheck %s --check-prefix=MAMBA-LORA-STEP
 // RUN: moe-opt %inputs/kda.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=f_b_proj,o_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' | FileCheck %s --check-prefix=KDA
 // RUN: moe-opt %inputs/olmoe.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj,k_proj rank=2},moe-propagate-sharding{mesh=tp=2}))' 2>&1 | FileCheck %s --check-prefix=OLMOE
 // RUN: moe-opt %inputs/olmoe.mlir --pass-pipeline='builtin.module(moe.model(moe-inject-lora{targets=q_proj rank=2},moe-propagate-sharding{mesh=tp=2},moe-build-training-step))' | FileCheck %s --check-prefix=OLMOE-STEP
@@ -217,9 +218,22 @@
 // MAMBA: moe.tp_exit
 // MAMBA-NEXT: moe.add %arg0
 
-// An adapter on in_proj would need its B factor (and its export and gradients) in pieces: the
-// mixer stays whole, and with nothing else to split that is an error naming why.
-// MAMBA-LORA: @mamba2 (Mamba-2 mixer) cannot: its in_proj is not one projection without bias or adapter
+// An adapter on in_proj stays whole on every rank (A and B replicated, their gradients partial:
+// summed over tp); each rank keeps its columns of each of the adapter output's five pieces
+// (moe.tp_slice_features) and adds them to its in_proj pieces. No warning: the mixer splits.
+// MAMBA-LORA-NOT: warning
+// MAMBA-LORA: moe.param @in_proj_lora_A {{.*}} trainable : tensor<2x16xf32> {moe.tp_partial_grad}
+// MAMBA-LORA-NEXT: moe.param @in_proj_lora_B {{.*}} trainable : tensor<34x2xf32> {moe.tp_partial_grad}
+// MAMBA-LORA: %[[IN:.*]] = moe.tp_enter
+// MAMBA-LORA: %[[BASE:.*]] = moe.linear %[[IN]], {{.*}} -> tensor<?x17xf32>
+// MAMBA-LORA: %[[DELTA:.*]] = moe.lora %[[IN]], {{.*}} -> tensor<?x34xf32>
+// MAMBA-LORA-NEXT: %[[MINE:.*]] = moe.tp_slice_features %[[DELTA]] {axis = "tp", pieces = array<i64: 8, 8, 8, 8, 2>, ranks = 2 : i64} : (tensor<?x34xf32>) -> tensor<?x17xf32>
+// MAMBA-LORA-NEXT: moe.add %[[BASE]], %[[MINE]] : tensor<?x17xf32>
+// The backward puts the rank's columns of the gradient back in place (zeros elsewhere) for the
+// adapter's backward; it saves no [T, 34] output of the adapter for that.
+// MAMBA-LORA-STEP: moe.layer @mamba2_bwd
+// MAMBA-LORA-STEP: %[[G:.*]] = moe.tp_place_features %{{.*}} {axis = "tp", pieces = array<i64: 8, 8, 8, 8, 2>, ranks = 2 : i64} : (tensor<?x17xf32>) -> tensor<?x34xf32>
+// MAMBA-LORA-STEP-NEXT: moe.backward "moe.lora"({{.*}}) grads(%[[G]])
 
 // KDA splits its heads: q/k/v, the beta logits and the second projections of the low-rank decay
 // and gate split on out (the first stays whole: its output enters the region), the per-channel

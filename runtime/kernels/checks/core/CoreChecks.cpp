@@ -262,4 +262,40 @@ std::vector<BlockCopy> tokenBlockCopies(const KernelContext &ctx) {
   return copies;
 }
 
+std::vector<StridedCopy> sliceFeatureCopies(const KernelContext &ctx) {
+  bool place = ctx.kernel == "tp_place_features";
+  const TensorRef &whole = place ? ctx.out(0) : ctx.in(0);
+  const TensorRef &part = place ? ctx.in(0) : ctx.out(0);
+  int64_t ranks = ctx.attrInt("ranks"), index = ctx.attrInt("index");
+  std::vector<int64_t> pieces = ctx.attrInts("pieces");
+  ctx.expectShape(whole, place ? "result" : "input", {-1, -1});
+  int64_t total = 0;
+  for (int64_t p : pieces) {
+    if (ranks < 1 || p <= 0 || p % ranks)
+      ctx.fail("a piece of " + std::to_string(p) + " columns does not split over " + std::to_string(ranks) + " ranks");
+    total += p;
+  }
+  if (whole.dim(1) != total)
+    ctx.fail("the pieces hold " + std::to_string(total) + " columns, the input " + std::to_string(whole.dim(1)));
+  if (index < 0 || index >= ranks)
+    ctx.fail("index " + std::to_string(index) + " is not one of " + std::to_string(ranks) + " ranks");
+  ctx.expectShape(part, place ? "input" : "result", {whole.dim(0), total / ranks});
+  if (part.dtype != whole.dtype)
+    ctx.fail("the result must have the input's dtype");
+  size_t element = static_cast<size_t>(plan::dtypeSize(whole.dtype));
+  size_t wholePitch = static_cast<size_t>(total) * element, partPitch = wholePitch / static_cast<size_t>(ranks);
+  std::vector<StridedCopy> copies;
+  int64_t wholeColumn = 0, partColumn = 0;
+  for (int64_t p : pieces) {
+    char *w = static_cast<char *>(whole.data) + static_cast<size_t>(wholeColumn + index * (p / ranks)) * element;
+    char *mine = static_cast<char *>(part.data) + static_cast<size_t>(partColumn) * element;
+    size_t width = static_cast<size_t>(p / ranks) * element, height = static_cast<size_t>(whole.dim(0));
+    copies.push_back(place ? StridedCopy{w, wholePitch, mine, partPitch, width, height}
+                              : StridedCopy{mine, partPitch, w, wholePitch, width, height});
+    wholeColumn += p;
+    partColumn += p / ranks;
+  }
+  return copies;
+}
+
 } // namespace moec::runtime::checks::core

@@ -136,6 +136,20 @@ struct BlockCopy {
 /// outputs, one per block (each backend only copies).
 std::vector<BlockCopy> tokenBlockCopies(const KernelContext &ctx);
 
+/// One strided copy: `height` rows of `width` bytes from `src` (rows `spitch` bytes apart) to
+/// `dst` (rows `dpitch` apart).
+struct StridedCopy {
+  void *dst;
+  size_t dpitch;
+  const void *src;
+  size_t spitch, width, height;
+};
+/// tp_slice_features (input [T, F] of parts `pieces` summing to F -> result [T, F / ranks]: tp
+/// rank `index`'s columns of each part) and tp_place_features (those columns back in place in a
+/// [T, F] result; the rest stays zero: the launch's outputs come zeroed).
+/// Returns the copies, one per part (each backend only copies).
+std::vector<StridedCopy> sliceFeatureCopies(const KernelContext &ctx);
+
 } // namespace moec::runtime::checks::core
 
 #endif // RUNTIME_KERNELS_CHECKS_CORE_CORECHECKS_H_

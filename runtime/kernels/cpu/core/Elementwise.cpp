@@ -285,6 +285,14 @@ void tokenBlocks(KernelContext &ctx) {
     std::memcpy(copy.dst, copy.src, copy.bytes);
 }
 
+/// tp_slice_features and tp_place_features: a tp rank's columns of each part, row by row.
+void sliceFeatures(KernelContext &ctx) {
+  for (const checks::core::StridedCopy &copy : checks::core::sliceFeatureCopies(ctx))
+    for (size_t row = 0; row < copy.height; ++row)
+      std::memcpy(static_cast<char *>(copy.dst) + row * copy.dpitch,
+                  static_cast<const char *>(copy.src) + row * copy.spitch, copy.width);
+}
+
 /// The one kernel that accumulates: acc += g (the executor zeroes gradients once per step).
 void accumulateGrad(KernelContext &ctx) {
   const TensorRef &grad = ctx.in(0), &acc = ctx.out(0);
@@ -308,6 +316,8 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("split.backward", splitBackward);
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
+  registry.add("tp_slice_features", sliceFeatures);
+  registry.add("tp_place_features", sliceFeatures); // into zeroed outputs
   registry.add("token_blocks", tokenBlocks);
   registry.add("concat_tokens", tokenBlocks);
   registry.add("accumulate_grad", accumulateGrad);

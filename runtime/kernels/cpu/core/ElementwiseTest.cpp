@@ -346,6 +346,50 @@ TEST(Microbatch, TakesOneBlockOfRowsOrOneElement) {
   EXPECT_THAT(failureOf(uneven), HasSubstr("microbatch: the result must be block 0 of 2 equal blocks"));
 }
 
+KernelCall sliceFeaturesCall(OwnedTensor input, const std::vector<int64_t> &pieces, int64_t ranks, int64_t index) {
+  int64_t rows = input.shape[0], columns = input.shape[1];
+  KernelCall call(registry(), "tp_slice_features");
+  call.input(std::move(input))
+      .attr("pieces", pieces)
+      .attr("ranks", ranks)
+      .attr("index", index)
+      .attr("axis", "tp")
+      .output(plan::F32, {rows, columns / ranks});
+  return call;
+}
+
+// Columns of 5 parts (Mamba-2's z, x, B, C, dt) over 2 ranks: rank k keeps the k-th half of
+// each part, in order; tp_place_features puts both ranks' columns back: the input again.
+TEST(SliceFeatures, TakesEachRanksShareOfEveryPart) {
+  const std::vector<int64_t> pieces = {8, 8, 4, 4, 2};
+  const int64_t rows = 3, columns = 26;
+  OwnedTensor input = randomTensor({rows, columns}, 40);
+  std::vector<float> x = input.floats(), rebuilt(x.size(), 0.0f);
+  for (int64_t index : {0, 1}) {
+    KernelCall call = sliceFeaturesCall(input, pieces, 2, index);
+    call.run();
+    std::vector<double> want;
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t base = 0, p = 0; p < 5; base += pieces[p], ++p)
+        for (int64_t j = 0; j < pieces[p] / 2; ++j)
+          want.push_back(x[t * columns + base + index * pieces[p] / 2 + j]);
+    expectNear(call.result(0).floats(), want, 0, "rank " + std::to_string(index) + "'s columns");
+    KernelCall place(registry(), "tp_place_features");
+    place.input(call.result(0)).attributes() = call.attributes();
+    place.output(plan::F32, {rows, columns});
+    place.run();
+    std::vector<float> back = place.result(0).floats();
+    for (size_t i = 0; i < back.size(); ++i)
+      rebuilt[i] += back[i]; // each rank's columns in place, zeros elsewhere
+  }
+  EXPECT_EQ(rebuilt, x);
+  KernelCall uneven = sliceFeaturesCall(randomTensor({2, 26}, 1), {8, 8, 4, 4, 2}, 4, 0);
+  uneven.result(0) = zeroTensor(plan::F32, {2, 6});
+  EXPECT_THAT(failureOf(uneven), HasSubstr("a piece of 2 columns does not split over 4 ranks"));
+  KernelCall wrongIndex = sliceFeaturesCall(randomTensor({2, 26}, 1), pieces, 2, 2);
+  EXPECT_THAT(failureOf(wrongIndex), HasSubstr("index 2 is not one of 2 ranks"));
+}
+
 TEST(TokenBlocks, SplitsRowsAndConcatJoinsThem) {
   // 7 rows in 3 blocks: rows [0, 2), [2, 4), [4, 7).
   OwnedTensor rows = randomTensor({7, 3}, 30);

@@ -451,6 +451,16 @@ void tokenBlocks(KernelContext &ctx) {
       ctx.fail(ctx.kernel + ": " + cudaGetErrorString(status));
 }
 
+/// tp_slice_features and tp_place_features: a tp rank's columns of each part, one 2-D copy a part,
+/// ordered with the kernels.
+void sliceFeatures(KernelContext &ctx) {
+  for (const checks::core::StridedCopy &copy : checks::core::sliceFeatureCopies(ctx))
+    if (cudaError_t status = cudaMemcpy2DAsync(copy.dst, copy.dpitch, copy.src, copy.spitch, copy.width, copy.height,
+                                               cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(ctx.stream));
+        status != cudaSuccess)
+      ctx.fail(ctx.kernel + ": " + cudaGetErrorString(status));
+}
+
 /// The one kernel that accumulates: acc += g, in f32, rounded once to acc's storage type.
 void accumulateGrad(KernelContext &ctx) {
   const TensorRef &grad = ctx.in(0), &acc = ctx.out(0);
@@ -476,6 +486,8 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("split.backward", splitBackward);
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
+  registry.add("tp_slice_features", sliceFeatures, OutputInit::Any); // every column written
+  registry.add("tp_place_features", sliceFeatures);                   // into zeroed outputs
   // Block copies write every byte of their outputs.
   registry.add("token_blocks", tokenBlocks, OutputInit::Any);
   registry.add("concat_tokens", tokenBlocks, OutputInit::Any);

@@ -219,6 +219,35 @@ TEST(CudaMicrobatch, MatchesCpu) {
         "microbatch " + shapeText(c.in) + " -> " + shapeText(c.out));
 }
 
+TEST(CudaSliceFeatures, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  // Mamba-2-like parts over 2 and 4 ranks: each rank's share, and the share put back in place.
+  const std::vector<int64_t> pieces = {64, 64, 16, 16, 8};
+  for (int64_t ranks : {2, 4})
+    for (int64_t index = 0; index < ranks; ++index) {
+      auto forward = [&] {
+        KernelCall call(registry(), "tp_slice_features");
+        call.input(randomTensor({37, 168}, 7))
+            .attr("pieces", pieces)
+            .attr("ranks", ranks)
+            .attr("index", index)
+            .attr("axis", "tp")
+            .output(plan::F32, {37, 168 / ranks});
+        return call;
+      };
+      std::string what = "tp_slice_features rank " + std::to_string(index) + " of " + std::to_string(ranks);
+      expectMatchesCpu(forward, what);
+      expectMatchesCpu(
+          [&] {
+            KernelCall place(registry(), "tp_place_features");
+            place.input(randomTensor({37, 168 / ranks}, 8)).attributes() = forward().attributes();
+            place.output(plan::F32, {37, 168});
+            return place;
+          },
+          "tp_place_features rank " + std::to_string(index) + " of " + std::to_string(ranks));
+    }
+}
+
 TEST(CudaTokenBlocks, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   // An MoE block's hidden rows in two blocks (4096 tokens) and uneven ones (1001 rows in 3),
