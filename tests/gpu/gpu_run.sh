@@ -145,13 +145,14 @@ if [ "${1:-}" = pack ]; then
   done
   # OLMoE, whose q/k norms span every head (moe.sharded_rms_norm over tp): the tiny one in f32
   # and bf16, and OLMoE-1B-7B shapes (4 layers, 4096 tokens, random weights) with sequence parallel.
-  # The tiny Nemotron-H with all-linear adapters (Mamba-2's in_proj adapter over tp) likewise.
+  # The tiny Nemotron-H with all-linear adapters (Mamba-2's in_proj adapter over tp) likewise
+  # (tiny_*: the golden families' plans have the families' names).
   for mesh in single tp=2 tp=2-sp; do
     flags=""; [ "$mesh" = single ] || flags="$(meshFlags "$mesh")"
     for dtype in float32 bfloat16; do
       for tiny in olmoe nemotron_h; do
         "$bin/compiler/tools/moec" compile tests/e2e/Inputs/tiny_$tiny.json --seq-len 32 --micro-batch 2 --lora-rank 4 \
-          --dtype $dtype $flags -o "$pack/plans/$tiny.$dtype.$mesh.moeplan" 2>/dev/null
+          --dtype $dtype $flags -o "$pack/plans/tiny_$tiny.$dtype.$mesh.moeplan" 2>/dev/null
       done
     done
     [ "$mesh" = tp=2 ] || "$bin/compiler/tools/moec" compile tests/gpu/Inputs/olmoe-1b-7b-4layers.json --lora-rank 32 \
@@ -160,7 +161,7 @@ if [ "${1:-}" = pack ]; then
   done
   for tiny in olmoe nemotron_h; do
     "$bin/runtime/tools/moe-run" init tests/e2e/Inputs/tiny_$tiny.json --seed 0 \
-      --plan "$pack/plans/$tiny.float32.single.moeplan" -o "$pack/$tiny-model"
+      --plan "$pack/plans/tiny_$tiny.float32.single.moeplan" -o "$pack/tiny_$tiny-model"
   done
   # Real-size training on random weights (made on the GPU): 4096 tokens, LoRA r=32 on attention.
   attention=q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj
@@ -174,7 +175,7 @@ if [ "${1:-}" = pack ]; then
   MOEC="$bin/compiler/tools/moec" bash bench/bench.sh plans "$pack/plans/bench" 2>/dev/null
   cp models/tiny-qwen3-moe/train.jsonl "$pack/train.jsonl"
   # The tree that travels to the GPU machine is limited (64 MiB): ship one archive.
-  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl oss-model olmoe-model nemotron_h-model
+  tar -C "$pack" -cJf "/tmp/moec-pack.tar.xz" bin lib golden plans train.jsonl oss-model tiny_olmoe-model tiny_nemotron_h-model
   rm -rf "$pack" && mkdir -p "$pack" && mv /tmp/moec-pack.tar.xz "$pack/pack.tar.xz"
   du -sh "$pack"
   echo "packed $pack: run with carry=[\"$pack\"] and command: bash tests/gpu/gpu_run.sh run"
@@ -257,8 +258,8 @@ if [ "$1" = mesh1 ]; then
   oneRun "tp=2 tp=2-sp" oss tests/e2e/Inputs/train.jsonl 4 1e-4 --model "$pack/oss-model"
   oneRun "tp=2-sp" q4 "$pack/train.jsonl" 3 2e-2 --random-weights 0
   for tiny in olmoe nemotron_h; do
-    oneRun "tp=2 tp=2-sp" $tiny.float32 tests/e2e/Inputs/train.jsonl 4 1e-4 --model "$pack/$tiny-model"
-    oneRun "tp=2 tp=2-sp" $tiny.bfloat16 tests/e2e/Inputs/train.jsonl 4 2e-2 --model "$pack/$tiny-model"
+    oneRun "tp=2 tp=2-sp" tiny_$tiny.float32 tests/e2e/Inputs/train.jsonl 4 1e-4 --model "$pack/tiny_$tiny-model"
+    oneRun "tp=2 tp=2-sp" tiny_$tiny.bfloat16 tests/e2e/Inputs/train.jsonl 4 2e-2 --model "$pack/tiny_$tiny-model"
   done
   oneRun "tp=2-sp" o4 "$pack/train.jsonl" 3 2e-2 --random-weights 0
   rm -f "$out/one.log"

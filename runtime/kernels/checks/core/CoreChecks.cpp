@@ -262,7 +262,7 @@ std::vector<BlockCopy> tokenBlockCopies(const KernelContext &ctx) {
   return copies;
 }
 
-std::vector<StridedCopy> sliceFeatureCopies(const KernelContext &ctx) {
+FeatureCopies sliceFeatureCopies(const KernelContext &ctx) {
   bool place = ctx.kernel == "tp_place_features";
   const TensorRef &whole = place ? ctx.out(0) : ctx.in(0);
   const TensorRef &part = place ? ctx.in(0) : ctx.out(0);
@@ -284,18 +284,22 @@ std::vector<StridedCopy> sliceFeatureCopies(const KernelContext &ctx) {
     ctx.fail("the result must have the input's dtype");
   size_t element = static_cast<size_t>(plan::dtypeSize(whole.dtype));
   size_t wholePitch = static_cast<size_t>(total) * element, partPitch = wholePitch / static_cast<size_t>(ranks);
-  std::vector<StridedCopy> copies;
+  FeatureCopies out;
+  if (place) {
+    out.zero = whole.data;
+    out.zeroBytes = static_cast<size_t>(whole.dim(0)) * wholePitch;
+  }
   int64_t wholeColumn = 0, partColumn = 0;
   for (int64_t p : pieces) {
     char *w = static_cast<char *>(whole.data) + static_cast<size_t>(wholeColumn + index * (p / ranks)) * element;
     char *mine = static_cast<char *>(part.data) + static_cast<size_t>(partColumn) * element;
     size_t width = static_cast<size_t>(p / ranks) * element, height = static_cast<size_t>(whole.dim(0));
-    copies.push_back(place ? StridedCopy{w, wholePitch, mine, partPitch, width, height}
+    out.copies.push_back(place ? StridedCopy{w, wholePitch, mine, partPitch, width, height}
                               : StridedCopy{mine, partPitch, w, wholePitch, width, height});
     wholeColumn += p;
     partColumn += p / ranks;
   }
-  return copies;
+  return out;
 }
 
 } // namespace moec::runtime::checks::core

@@ -146,9 +146,14 @@ struct StridedCopy {
 };
 /// tp_slice_features (input [T, F] of parts `pieces` summing to F -> result [T, F / ranks]: tp
 /// rank `index`'s columns of each part) and tp_place_features (those columns back in place in a
-/// [T, F] result; the rest stays zero: the launch's outputs come zeroed).
-/// Returns the copies, one per part (each backend only copies).
-std::vector<StridedCopy> sliceFeatureCopies(const KernelContext &ctx);
+/// [T, F] result, zeros in the others): the bytes to zero first (tp_place_features' result) and
+/// the copies, one per part (each backend only zeroes and copies).
+struct FeatureCopies {
+  void *zero = nullptr;
+  size_t zeroBytes = 0;
+  std::vector<StridedCopy> copies;
+};
+FeatureCopies sliceFeatureCopies(const KernelContext &ctx);
 
 } // namespace moec::runtime::checks::core
 

@@ -287,7 +287,10 @@ void tokenBlocks(KernelContext &ctx) {
 
 /// tp_slice_features and tp_place_features: a tp rank's columns of each part, row by row.
 void sliceFeatures(KernelContext &ctx) {
-  for (const checks::core::StridedCopy &copy : checks::core::sliceFeatureCopies(ctx))
+  checks::core::FeatureCopies work = checks::core::sliceFeatureCopies(ctx);
+  if (work.zeroBytes)
+    std::memset(work.zero, 0, work.zeroBytes);
+  for (const checks::core::StridedCopy &copy : work.copies)
     for (size_t row = 0; row < copy.height; ++row)
       std::memcpy(static_cast<char *>(copy.dst) + row * copy.dpitch,
                   static_cast<const char *>(copy.src) + row * copy.spitch, copy.width);
@@ -317,7 +320,7 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
   registry.add("tp_slice_features", sliceFeatures);
-  registry.add("tp_place_features", sliceFeatures); // into zeroed outputs
+  registry.add("tp_place_features", sliceFeatures);
   registry.add("token_blocks", tokenBlocks);
   registry.add("concat_tokens", tokenBlocks);
   registry.add("accumulate_grad", accumulateGrad);

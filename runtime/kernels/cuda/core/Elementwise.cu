@@ -454,7 +454,12 @@ void tokenBlocks(KernelContext &ctx) {
 /// tp_slice_features and tp_place_features: a tp rank's columns of each part, one 2-D copy a part,
 /// ordered with the kernels.
 void sliceFeatures(KernelContext &ctx) {
-  for (const checks::core::StridedCopy &copy : checks::core::sliceFeatureCopies(ctx))
+  checks::core::FeatureCopies work = checks::core::sliceFeatureCopies(ctx);
+  if (work.zeroBytes)
+    if (cudaError_t status = cudaMemsetAsync(work.zero, 0, work.zeroBytes, static_cast<cudaStream_t>(ctx.stream));
+        status != cudaSuccess)
+      ctx.fail(ctx.kernel + ": " + cudaGetErrorString(status));
+  for (const checks::core::StridedCopy &copy : work.copies)
     if (cudaError_t status = cudaMemcpy2DAsync(copy.dst, copy.dpitch, copy.src, copy.spitch, copy.width, copy.height,
                                                cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(ctx.stream));
         status != cudaSuccess)
@@ -487,7 +492,7 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
   registry.add("tp_slice_features", sliceFeatures, OutputInit::Any); // every column written
-  registry.add("tp_place_features", sliceFeatures);                   // into zeroed outputs
+  registry.add("tp_place_features", sliceFeatures, OutputInit::Any); // zeros, then the columns
   // Block copies write every byte of their outputs.
   registry.add("token_blocks", tokenBlocks, OutputInit::Any);
   registry.add("concat_tokens", tokenBlocks, OutputInit::Any);
