@@ -142,6 +142,7 @@ public:
       const SmallVector<int64_t> pieces = {h * p, h * p, g * n, g * n, h};
       Value zxbcdt = mamba.getZxbcdt();
       auto in = zxbcdt.getDefiningOp<moe::LinearOp>();
+      moe::AddOp adapted; // in_proj + its adapter's columns
       if (auto add = zxbcdt.getDefiningOp<moe::AddOp>()) {
         auto base = add.getLhs().getDefiningOp<moe::LinearOp>();
         auto lora = add.getRhs().getDefiningOp<moe::LoRAOp>();
@@ -149,9 +150,8 @@ public:
           if (!addPartialGrad(lora.getLoraA()) || !addPartialGrad(lora.getLoraB()))
             return why;
           in = base;
+          adapted = add;
           plan.pieceAdapters.push_back({lora, pieces});
-          plan.region.insert(in);
-          plan.region.insert(add);
         }
       }
       if (!in || in.getBias())
@@ -160,6 +160,8 @@ public:
         return why;
       plan.inputs.insert(in.getInput());
       plan.region.insert(in);
+      if (adapted)
+        plan.region.insert(adapted);
       const SmallVector<int64_t> xbc = {h * p, g * n, g * n};
       if (!addWeight(mamba.getConvWeight(), 0, xbc) ||
           (mamba.getConvBias() && !addWeight(mamba.getConvBias(), 0, xbc)) || !addWeight(mamba.getNormWeight(), 0))

@@ -276,12 +276,12 @@ FeatureCopies sliceFeatureCopies(const KernelContext &ctx) {
     total += p;
   }
   if (whole.dim(1) != total)
-    ctx.fail("the pieces hold " + std::to_string(total) + " columns, the input " + std::to_string(whole.dim(1)));
+    ctx.fail("the pieces hold " + std::to_string(total) + " columns, the whole tensor " + std::to_string(whole.dim(1)));
   if (index < 0 || index >= ranks)
     ctx.fail("index " + std::to_string(index) + " is not one of " + std::to_string(ranks) + " ranks");
   ctx.expectShape(part, place ? "input" : "result", {whole.dim(0), total / ranks});
   if (part.dtype != whole.dtype)
-    ctx.fail("the result must have the input's dtype");
+    ctx.fail("the whole and the rank's columns must have one dtype");
   size_t element = static_cast<size_t>(plan::dtypeSize(whole.dtype));
   size_t wholePitch = static_cast<size_t>(total) * element, partPitch = wholePitch / static_cast<size_t>(ranks);
   FeatureCopies out;

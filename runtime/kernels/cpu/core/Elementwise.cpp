@@ -319,8 +319,8 @@ void registerElementwiseKernels(KernelRegistry &registry) {
   registry.add("split.backward", splitBackward);
   registry.add("fill", fill);
   registry.add("microbatch", microbatch);
-  registry.add("tp_slice_features", sliceFeatures);
-  registry.add("tp_place_features", sliceFeatures);
+  registry.add("tp_slice_features", sliceFeatures, OutputInit::Any); // every column written
+  registry.add("tp_place_features", sliceFeatures, OutputInit::Any); // zeros, then the columns
   registry.add("token_blocks", tokenBlocks);
   registry.add("concat_tokens", tokenBlocks);
   registry.add("accumulate_grad", accumulateGrad);
