@@ -37,6 +37,7 @@ void buildLoRATrainingPipeline(mlir::OpPassManager &pm, const LoRATrainingOption
     sharding.mesh = options.mesh;
     sharding.epExchange = options.epExchange;
     sharding.tokenBlocks = options.tokenBlocks;
+    sharding.epCapacityFactor = options.epCapacityFactor;
     sharding.sequenceParallel = options.sequenceParallel;
     sharding.tpReplicate.assign(options.tpReplicate.begin(), options.tpReplicate.end());
     model.addPass(passes::createPropagateShardingPass(sharding));

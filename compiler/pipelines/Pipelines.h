@@ -76,6 +76,11 @@ struct LoRATrainingOptions : public mlir::PassPipelineOptions<LoRATrainingOption
   Option<std::string> epExchange{*this, "ep-exchange",
                                  llvm::cl::desc("How expert parallel moves tokens: routed, all or auto"),
                                  llvm::cl::init("auto")};
+  Option<double> epCapacityFactor{
+      *this, "ep-capacity-factor",
+      llvm::cl::desc("With ep > 1: room for this many times what uniform routing sends a rank (>= 1; "
+                     "0: room for every token of every rank)"),
+      llvm::cl::init(0.0)};
   Option<int64_t> tokenBlocks{*this, "token-blocks",
                               llvm::cl::desc("With ep > 1: each MoE block's expert exchange on this many "
                                              "blocks of its tokens (1: whole)"),

@@ -154,6 +154,9 @@ plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::s
         collective->set_num_experts(experts.getInt());
       if (kind == plan::Collective::EXPERT_ROUTE && step.attrs && step.attrs.get("all_tokens"))
         collective->set_all_tokens(true);
+      if (auto factor = step.attrs ? step.attrs.getAs<mlir::FloatAttr>("capacity_factor") : nullptr;
+          factor && kind == plan::Collective::EXPERT_ROUTE)
+        collective->set_capacity_factor(factor.getValueAsDouble());
       if (kind == plan::Collective::EXPERT_ROUTE)
         for (int64_t e : placementOf(model, step.layer))
           collective->add_placement(e);

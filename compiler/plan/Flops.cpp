@@ -78,12 +78,15 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
   for (int id : step.inputs)
     shapes.push_back(&program.buffers[id].shape);
   // Rows that follow an expert route's received rows are room for more than the expected
-  // ones: balanced routing fills 1 / rowsRoom of them.
+  // ones: count what balanced routing fills.
   std::vector<int64_t> expected;
   if (!step.inputs.empty())
     if (int anchor = program.buffers[step.inputs[0]].receivedRowsOf; anchor >= 0) {
+      const ProgramBuffer &route = program.buffers[anchor];
+      bool copies = program.buffers[step.inputs[0]].receivedCopies;
       expected = *shapes[0];
-      expected[0] /= program.buffers[anchor].rowsRoom;
+      expected[0] = expected[0] * (copies ? route.expectedCopies : route.expectedTokens) /
+                    std::max<int64_t>(1, copies ? route.roomCopies : route.roomTokens);
       shapes[0] = &expected;
     }
   auto backward = dyn_cast<moe::BackwardOp>(op);

@@ -3,8 +3,10 @@
 #include "compiler/plan/Program.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
+#include "compiler/analysis/ModelSummary.h"
 #include "compiler/plan/Flops.h"
 #include "dialects/moe/MeshShape.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -334,6 +336,26 @@ private:
     return id;
   }
 
+  /// An expert route's room: every token of every rank (any of them may send it all its
+  /// tokens) and k copies of each, or with capacity_factor F, F times what uniform routing
+  /// sends this rank (ranks x T x the chance that a token has an expert here; T x k expert
+  /// copies), at most that.
+  struct Room {
+    int64_t tokens = 0, copies = 0;
+  };
+  static Room routeRoom(moe::EpRouteOp route, int64_t tokens) {
+    int64_t ranks = route.getRanks();
+    int64_t k = cast<RankedTensorType>(route.getIndices().getType()).getDimSize(1);
+    Room room{tokens * ranks, tokens * ranks * k};
+    if (FloatAttr attr = route.getCapacityFactorAttr()) {
+      double factor = attr.getValueAsDouble();
+      double share = analysis::tokenShareOfRank(route.getNumExperts(), k, ranks);
+      room.tokens = std::min<int64_t>(room.tokens, std::max<int64_t>(1, std::ceil(factor * ranks * tokens * share)));
+      room.copies = std::min<int64_t>(room.tokens * k, std::max<int64_t>(1, std::ceil(factor * tokens * k)));
+    }
+    return room;
+  }
+
   /// The concrete shape of result `index` of `op`: only the leading (token) dimension is dynamic.
   FailureOr<std::vector<int64_t>> shapeOf(Operation *op, unsigned index,
                                           const llvm::DenseMap<Value, int> &values) {
@@ -346,17 +368,21 @@ private:
         return op->emitOpError("result ") << index << " has a dynamic dimension " << d
                                           << "; only the token dimension may be dynamic";
     auto rowsOf = [&](Value v) { return program.buffers[values.lookup(v)].shape.at(0); };
+    // The received indices of the route whose layout `layout` is.
+    auto routeOf = [&](Value layout) -> const ProgramBuffer & {
+      return program.buffers[routeOfLayout.lookup(values.lookup(layout))];
+    };
     int64_t rows = program.tokens();
     if (auto dispatch = dyn_cast<moe::DispatchOp>(op)) {
       const ProgramBuffer &indices = program.buffers[values.lookup(dispatch.getIndices())];
-      rows = indices.shape.at(0) * indices.shape.at(1); // one row per (token, expert) pair
+      // One row per (token, expert) pair; of received tokens, the route's room for copies.
+      rows = indices.roomCopies > 0 ? indices.roomCopies : indices.shape.at(0) * indices.shape.at(1);
     } else if (auto route = dyn_cast<moe::EpRouteOp>(op)) {
-      // Room for every token of every rank: any of them may send all its tokens here.
-      rows = rowsOf(route.getIndices()) * route.getRanks();
+      rows = routeRoom(route, rowsOf(route.getIndices())).tokens;
     } else if (auto send = dyn_cast<moe::EpSendOp>(op)) {
-      rows = rowsOf(send.getInput()) * send.getRanks();
+      rows = routeOf(send.getLayout()).roomTokens; // in the route's received order
     } else if (auto back = dyn_cast<moe::EpReturnOp>(op)) {
-      rows = rowsOf(back.getInput()) / back.getRanks();
+      rows = routeOf(back.getLayout()).expectedTokens; // one row per token of this rank
     } else if (auto slice = dyn_cast<moe::MicrobatchOp>(op)) {
       rows = rowsOf(slice.getInput()) / slice.getCount();
     } else if (isa<moe::StageExchangeOp>(op)) {
@@ -562,8 +588,15 @@ private:
         program.buffers[id].instance = context.instance;
         values[op.getResult(i)] = id;
         outputs.push_back(id);
-        if (auto route = dyn_cast<moe::EpRouteOp>(op); route && i == 0)
-          program.buffers[id].rowsRoom = route.getRanks();
+        if (auto route = dyn_cast<moe::EpRouteOp>(op); route && i == 0) {
+          int64_t tokens = program.buffers[inputs.at(0)].shape.at(0), k = program.buffers[inputs.at(0)].shape.at(1);
+          Room room = routeRoom(route, tokens);
+          ProgramBuffer &received = program.buffers[id];
+          received.roomTokens = room.tokens;
+          received.roomCopies = room.copies;
+          received.expectedTokens = tokens;
+          received.expectedCopies = tokens * k;
+        }
         followReceivedRows(&op, i, id, values);
       }
       if (std::optional<ExpertExchange> exchange = expertExchange(&op, inputs)) {

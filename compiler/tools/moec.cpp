@@ -11,6 +11,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include <cstdio>
+
 #include "compiler/analysis/ExpertPlacement.h"
 #include "compiler/analysis/ModelSummary.h"
 #include "compiler/frontend/ImportModel.h"
@@ -241,6 +243,12 @@ int runCompile(int argc, char **argv) {
                "decided on the host), all sends every token to every rank (fixed sizes, no wait), "
                "auto picks all where nearly every token has an expert on every rank"),
       cl::init("auto"));
+  cl::opt<double> epCapacityFactor(
+      "ep-capacity-factor", cl::value_desc("F"),
+      cl::desc("With ep > 1: the routed exchange keeps room for F (>= 1) times the tokens and expert copies "
+               "uniform routing sends a rank, instead of room for every token of every rank (ep times more "
+               "expert rows); a step whose routing needs more fails, naming the route (0: no bound)"),
+      cl::init(0.0));
   cl::opt<int64_t> tokenBlocks(
       "token-blocks", cl::value_desc("N"),
       cl::desc("With ep > 1: run each MoE block's expert exchange on N blocks of its tokens, so that "
@@ -314,6 +322,14 @@ int runCompile(int argc, char **argv) {
     return fail("--mesh '" + meshText + "': " + error);
   if (epExchange != "auto" && epExchange != "routed" && epExchange != "all")
     return fail("--ep-exchange must be auto, routed or all, got '" + epExchange + "'");
+  char factorText[32];
+  std::snprintf(factorText, sizeof factorText, "%g", epCapacityFactor.getValue());
+  if (epCapacityFactor != 0 && (mesh.ep < 2 || !(epCapacityFactor >= 1.0)))
+    return fail("--ep-capacity-factor bounds the expert exchange's room: it needs ep > 1 in --mesh and a factor of "
+                "at least 1 (0: no bound), got " + std::string(factorText) + " with --mesh '" +
+                meshText + "'");
+  if (epCapacityFactor != 0 && epExchange == "all")
+    return fail("--ep-capacity-factor bounds the routed exchange; --ep-exchange all sends every token to every rank");
   if ((sequenceParallel || !tpReplicate.empty()) && mesh.tp < 2)
     return fail(std::string(sequenceParallel ? "--sequence-parallel" : "--tp-replicate") +
                 " works on tensor-parallel regions: it needs tp > 1 in --mesh (got '" + meshText + "')");
@@ -392,6 +408,7 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.pipelineMicroBatches = pipelineMicroBatches;
   options.epExchange = epExchange;
+  options.epCapacityFactor = epCapacityFactor;
   options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
   options.overlap = overlap;
   options.sequenceParallel = sequenceParallel;

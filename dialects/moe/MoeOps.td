@@ -982,6 +982,13 @@ def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure, Moe_Tokenwise]> {
     then -1 (not counted). The compiler picks it where nearly every token
     has an expert on every rank anyway (`--ep-exchange`).
 
+    With `capacity_factor` F (at least 1; routed only), the plan keeps room
+    for F times what uniform routing sends this rank instead of room for
+    every token of every rank: F x ranks x T x (the chance that a token has
+    an expert here) received tokens and F x T x k expert copies, each at
+    most the worst case. A step whose routing needs more fails on every rank
+    with a message naming the route (`moec --ep-capacity-factor`).
+
     ```mlir
     %local, %layout = moe.ep_route %indices {axis = "ep", ranks = 2 : i64, num_experts = 8 : i64}
         : (tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<2x4xi64>)
@@ -990,7 +997,7 @@ def Moe_EpRouteOp : Moe_Op<"ep_route", [Pure, Moe_Tokenwise]> {
     ```
   }];
   let arguments = (ins Moe_IndexTensor:$indices, StrAttr:$axis, I64Attr:$ranks, I64Attr:$num_experts,
-                       UnitAttr:$all_tokens);
+                       UnitAttr:$all_tokens, OptionalAttr<F64Attr>:$capacity_factor);
   let results = (outs Moe_IndexTensor:$local_indices, RankedTensorOf<[I64]>:$layout);
   let assemblyFormat = "$indices attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

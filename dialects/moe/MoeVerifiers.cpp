@@ -652,6 +652,12 @@ LogicalResult EpRouteOp::verify() {
   if (ranks < 1 || experts < 1 || experts % ranks != 0)
     return emitOpError("needs ranks >= 1 dividing num_experts, got ranks = ") << ranks << " and num_experts = "
                                                                              << experts;
+  if (FloatAttr factor = getCapacityFactorAttr()) {
+    if (getAllTokens())
+      return emitOpError("has capacity_factor and all_tokens: every token goes to every rank, the room is fixed");
+    if (!(factor.getValueAsDouble() >= 1.0))
+      return emitOpError("needs capacity_factor >= 1 (the room uniform routing fills), got ") << factor.getValueAsDouble();
+  }
   return success(c.rank("indices", getIndices(), 2) && c.rank("local_indices", getLocalIndices(), 2) &&
                  c.sameDim("indices", getIndices(), 1, "local_indices", getLocalIndices(), 1) &&
                  c.sameElementType("indices", getIndices(), "local_indices", getLocalIndices()) &&

@@ -52,6 +52,17 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
           << epExchange << "'";
       return signalPassFailure();
     }
+    if (epCapacityFactor != 0 && (shape.ep < 2 || !(epCapacityFactor >= 1.0))) {
+      model.emitError("--moe-propagate-sharding: ep-capacity-factor bounds the expert exchange's room: it needs "
+                      "ep > 1 and a factor of at least 1 (0: room for every token), got ")
+          << epCapacityFactor << " on mesh " << shape.str();
+      return signalPassFailure();
+    }
+    if (epCapacityFactor != 0 && epExchange == "all") {
+      model.emitError("--moe-propagate-sharding: ep-capacity-factor bounds the routed exchange; ep-exchange all "
+                      "sends every token to every rank (fixed room)");
+      return signalPassFailure();
+    }
     if (tokenBlocks < 1 || (tokenBlocks > 1 && shape.ep < 2)) {
       model.emitError("--moe-propagate-sharding: token-blocks must be 1, or more with ep > 1 (it splits the "
                       "expert exchange), got ")
@@ -110,6 +121,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
 
   /// Splits every expert MLP's parameters over ep and sends each token to its experts' ranks.
   LogicalResult splitExperts(moe::ModelOp model, int64_t ranks) {
+    bool warnedFixedRoom = false;
     SmallVector<moe::ExpertMLPOp> mlps;
     model.walk([&](moe::ExpertMLPOp op) { mlps.push_back(op); });
     if (mlps.empty()) {
@@ -180,9 +192,18 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
                                "every rank renumbers the experts as consecutive ranges)");
       bool allTokens = epExchange == "all" || (epExchange == "auto" && !placed &&
                                                analysis::allTokensPays(experts, indices.getDimSize(1), ranks));
+      if (allTokens && epCapacityFactor != 0 && !warnedFixedRoom) {
+        mlp.emitWarning("--moe-propagate-sharding: ep-capacity-factor does not bound @")
+            << (layer ? layer.getSymName() : "model")
+            << "'s expert exchange: ep-exchange auto sends every token to every rank there (nearly every token "
+               "has an expert on each rank), a fixed room; ep-exchange routed bounds it";
+        warnedFixedRoom = true;
+      }
+      FloatAttr capacity = !allTokens && epCapacityFactor != 0 ? b.getF64FloatAttr(epCapacityFactor) : FloatAttr();
       auto route = b.create<moe::EpRouteOp>(because, TypeRange{localIndices, layoutType},
                                             dispatch.getIndices(), axis, ranksAttr,
-                                            b.getI64IntegerAttr(experts), allTokens ? b.getUnitAttr() : UnitAttr());
+                                            b.getI64IntegerAttr(experts), allTokens ? b.getUnitAttr() : UnitAttr(),
+                                            capacity);
       auto rows = [&](Value v) {
         auto type = cast<RankedTensorType>(v.getType());
         return RankedTensorType::get({ShapedType::kDynamic, type.getDimSize(1)}, type.getElementType());

@@ -45,7 +45,12 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
     makes no expert copy and a zero partial sum), or `auto` (the default:
     `all` where uniform routing gives a token an expert on a given rank with
     probability at least 0.9, e.g. top-8 of 128 experts over 2 ranks; else
-    `routed`).
+    `routed`). A routed exchange's received rows are room for every token of
+    every rank (nothing can overflow, but at ep = 32 and top-16 that is 32
+    times what uniform routing fills); `ep-capacity-factor` F >= 1 sets
+    `capacity_factor` on the routes instead: room for F times what uniform
+    routing sends a rank, and a step whose routing needs more fails on
+    every rank with a message that names the route.
 
     Tensor parallel (`tp`): the heads of every `moe.attention` whose
     projections can be traced split over the `tp` ranks, by the ops'
@@ -175,6 +180,9 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
            "Mesh axes and sizes, e.g. dp=2,ep=2 (empty: one rank)">,
     Option<"epExchange", "ep-exchange", "std::string", "\"auto\"",
            "How expert parallel moves tokens: routed, all (every token to every rank) or auto">,
+    Option<"epCapacityFactor", "ep-capacity-factor", "double", "0",
+           "With ep > 1: each routed expert exchange keeps room for this many times what uniform "
+           "routing sends a rank (at least 1; 0: room for every token of every rank)">,
     Option<"tokenBlocks", "token-blocks", "int64_t", "1",
            "With ep > 1: run each MoE block's expert exchange on this many blocks of its tokens "
            "(--moe-schedule-overlap sends one block while the experts compute another)">,

@@ -179,6 +179,12 @@ private:
     int64_t tokens = 0, copies = 0;
   };
   std::map<uint32_t, Received> receivedRows;
+  /// Fails (the same way on every rank of the group) when a rank would receive more tokens or
+  /// expert copies than the route's buffers hold; `counts` holds every rank's layout row 0.
+  absl::Status roomFor(const plan::Collective &collective, const std::vector<int64_t> &counts, int n,
+                       int64_t roomTokens);
+  /// Each route's room for expert copies, by its received-indices buffer (from the plan).
+  std::map<uint32_t, int64_t> copiesRoom;
   /// Keeps a route for its layer's sends and returns (and, timed, adds its time since `start`).
   absl::Status keepRoute(const plan::Collective &collective, Received got, ExpertRoute route,
                          std::chrono::steady_clock::time_point start);

@@ -126,15 +126,29 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
   std::vector<int32_t> localI32;
   if (indices.dtype != plan::I64)
     localI32.assign(local.begin(), local.end());
-  // The counts: row 0 of the layout is what this rank sends to each rank, row 1 (after the
-  // swap) what it receives from each.
+  // The counts: row 0 of the layout is what this rank sends to each rank, row 1 what it
+  // receives from each. Every rank gathers every rank's row 0, so that all of them see a
+  // rank whose room is too small and fail together, before anything is sent.
   if (absl::Status s = dev->uploadStaged(layout.data, counts.data(), counts.size() * sizeof(int64_t)); !s.ok())
     return s;
-  std::vector<size_t> pair(static_cast<size_t>(n), 2);
-  auto *rows = static_cast<int64_t *>(layout.data);
-  if (absl::Status s = comm.allToAll(rows, pair, rows + 2 * n, pair, plan::I64); !s.ok())
+  size_t row = 2 * static_cast<size_t>(n);
+  if (absl::Status s = reserveStaging(row * n * sizeof(int64_t)); !s.ok())
     return s;
-  if (absl::Status s = dev->download(counts.data(), rows + 2 * n, counts.size() * sizeof(int64_t)); !s.ok())
+  if (absl::Status s = comm.allGather(layout.data, staging, row, plan::I64); !s.ok())
+    return s;
+  std::vector<int64_t> all(row * n); // [sender][2 x receiver]: tokens, copies
+  if (absl::Status s = dev->download(all.data(), staging, all.size() * sizeof(int64_t)); !s.ok())
+    return s;
+  int me = comm.rank();
+  for (int r = 0; r < n; ++r) {
+    counts[2 * r] = all[r * row + 2 * me];
+    counts[2 * r + 1] = all[r * row + 2 * me + 1];
+  }
+  if (absl::Status s = roomFor(collective, all, n, localIndices.dim(0)); !s.ok())
+    return s;
+  if (absl::Status s = dev->uploadStaged(static_cast<int64_t *>(layout.data) + row, counts.data(),
+                                         counts.size() * sizeof(int64_t));
+      !s.ok())
     return s;
   Received got;
   for (int r = 0; r < n; ++r) {
@@ -142,10 +156,6 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
     got.tokens += counts[2 * r];
     got.copies += counts[2 * r + 1];
   }
-  size_t received = total(route.received);
-  if (route.tokensSent.size() > static_cast<size_t>(tokens) * n || received > static_cast<size_t>(localIndices.dim(0)))
-    return absl::InternalError(absl::StrCat("the route sends ", route.tokensSent.size(), " tokens and receives ",
-                                            received, "; room is ", localIndices.dim(0), " rows"));
   size_t bytes = route.tokensSent.size() * static_cast<size_t>(k) * element;
   if (absl::Status s = reserveStaging(std::max<size_t>(bytes, 1)); !s.ok())
     return s;
@@ -159,6 +169,43 @@ absl::Status Executor::expertRoute(const plan::Collective &collective, comm::Com
       !s.ok())
     return s;
   return keepRoute(collective, got, std::move(route), start);
+}
+
+absl::Status Executor::roomFor(const plan::Collective &collective, const std::vector<int64_t> &counts, int n,
+                               int64_t roomTokens) {
+  uint32_t received = collective.outputs(0);
+  auto known = copiesRoom.find(received);
+  if (known == copiesRoom.end()) {
+    // The buffers of the received tokens' expert copies (the dispatch's rows and what follows
+    // them) hold the route's room for copies.
+    int64_t room = INT64_MAX;
+    for (const plan::Buffer &buffer : rankProto->buffers())
+      if (buffer.received_copies() && buffer.received_rows_of() == received + 1 && buffer.shape_size() > 0)
+        room = std::min<int64_t>(room, buffer.shape(0));
+    known = copiesRoom.emplace(received, room).first;
+  }
+  size_t row = 2 * static_cast<size_t>(n);
+  for (int j = 0; j < n; ++j) {
+    int64_t tokens = 0, copies = 0;
+    for (int r = 0; r < n; ++r) {
+      tokens += counts[r * row + 2 * j];
+      copies += counts[r * row + 2 * j + 1];
+    }
+    if (tokens <= roomTokens && copies <= known->second)
+      continue;
+    const std::string &name = rankProto->buffers(static_cast<int>(received)).name();
+    std::string bound =
+        collective.capacity_factor() != 0
+            ? absl::StrCat("capacity_factor ", collective.capacity_factor(),
+                           ": that many times what uniform routing sends a rank); the routing is more uneven: "
+                           "compile with a larger --ep-capacity-factor, or 0 for room for every token")
+            : std::string("room for every token of every rank); this is a bug in the plan");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expert route '", name, "': ep rank ", j, " of ", n, " would receive ", tokens, " tokens and ", copies,
+        " expert copies, and the plan has room for ", roomTokens, " and ",
+        known->second == INT64_MAX ? std::string("any number") : std::to_string(known->second), " (", bound));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Executor::keepRoute(const plan::Collective &collective, Received got, ExpertRoute route,

@@ -110,6 +110,8 @@ std::string stepText(int index, const Step &step) {
                     bufferList(collective.inputs()), " -> ", bufferList(collective.outputs()));
     if (collective.all_tokens())
       absl::StrAppend(&text, " all_tokens");
+    if (collective.capacity_factor() != 0)
+      absl::StrAppend(&text, " capacity_factor=", collective.capacity_factor());
     if (collective.placement_size() > 0)
       absl::StrAppend(&text, " placement=", absl::StrJoin(collective.placement(), ","));
     break;

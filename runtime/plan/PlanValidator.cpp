@@ -441,10 +441,10 @@ private:
         // The rows follow a route's received rows: a whole multiple of them, and a token buffer.
         const Buffer *anchor = of - 1 < static_cast<uint32_t>(rank.buffers_size()) ? &rank.buffers(of - 1) : nullptr;
         if (!anchor || anchor->shape_size() != 2 || buffer.shape_size() < 1 ||
-            buffer.shape(0) % std::max<int64_t>(anchor->shape(0), 1) != 0 ||
+            (!buffer.received_copies() && buffer.shape(0) % std::max<int64_t>(anchor->shape(0), 1) != 0) ||
             (buffer.role() != ACTIVATION && buffer.role() != WORKSPACE)) {
           problems.add(at, "received_rows_of is ", of, ", expected 1 + the id of a [rows, k] buffer whose rows divide "
-                       "this activation's or workspace's first dimension");
+                       "this activation's or workspace's first dimension (any, for received_copies)");
           ok = false;
         }
       }
@@ -931,10 +931,27 @@ private:
                                                         : ""));
     if (route && narrow->dtype() != I32 && narrow->dtype() != I64)
       say(absl::StrCat("indices are ", dtypeName(narrow->dtype()), ", expected i32 or i64"));
-    if (w.size() != 2 || r.size() != 2 || w[1] != r[1] || w[0] != n * r[0])
+    if (w.size() != 2 || r.size() != 2 || w[1] != r[1]) {
+      say(absl::StrCat("rows are [", absl::StrJoin(r, ","), "] and [", absl::StrJoin(w, ","),
+                       "], expected [T, W] and [R, W] (R: the route's room for received tokens)"));
+      return;
+    }
+    // The received side is room for every token of the group's ranks (n T rows), or with a
+    // route's capacity_factor fewer; the sends and returns of a route have its room.
+    uint32_t layoutId = route ? collective.outputs(1) : collective.inputs(1);
+    if (route) {
+      bool bounded = collective.capacity_factor() != 0;
+      if (bounded ? w[0] < 1 || w[0] > n * r[0] : w[0] != n * r[0])
+        say(absl::StrCat("local_indices has ", w[0], " rows for ", r[0], " tokens, expected ",
+                         bounded ? "1 to " : "", n, " T = ", n * r[0], bounded ? " (capacity_factor room)" : "",
+                         " (group size ", n, ")"));
+      routeRoom[layoutId] = w[0];
+    } else if (auto known = routeRoom.find(layoutId); known != routeRoom.end() && w[0] != known->second) {
       say(absl::StrCat("rows are [", absl::StrJoin(r, ","), "] and [", absl::StrJoin(w, ","), "], expected [T, W] and [",
-                       n, " T, W] (group size ", n, ")"));
+                       known->second, ", W] (the room of the route that wrote the layout)"));
+    }
   }
+  std::map<uint32_t, int64_t> routeRoom; // a route's layout buffer -> its received rows
 
   // inputs[i] pairs with outputs[i]; their sizes follow from the kind and
   // the group size, which is what the runtime passes to NCCL as counts.
@@ -977,6 +994,15 @@ private:
     if (collective.all_tokens() && collective.kind() != Collective::EXPERT_ROUTE)
       problems.add(at, "all_tokens is set on a ", collectiveKindName(collective.kind()),
                    "; only an expert_route decides that every token goes to every rank");
+    if (double factor = collective.capacity_factor(); factor != 0) {
+      if (collective.kind() != Collective::EXPERT_ROUTE || collective.all_tokens())
+        problems.add(at, "capacity_factor is set on ",
+                     collective.all_tokens() ? std::string("an all_tokens expert_route (its room is fixed)")
+                                             : std::string("a ") + collectiveKindName(collective.kind()),
+                     "; only a routed expert_route bounds its room");
+      else if (!(factor >= 1.0))
+        problems.add(at, "capacity_factor is ", factor, ", expected 0 (room for every token) or at least 1");
+    }
     std::vector<const Buffer *> inputs, outputs;
     for (int i = 0; i < collective.inputs_size(); ++i)
       inputs.push_back(checkUse(s, at, "collective.inputs", i, collective.inputs(i), /*writes=*/false));

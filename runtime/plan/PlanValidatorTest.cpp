@@ -341,8 +341,28 @@ TEST_F(PlanValidatorTest, AcceptsAnExpertRouteOfTheRightShapes) {
 
 TEST_F(PlanValidatorTest, RejectsAnExpertRouteWithoutRoomForEveryRanksTokens) {
   makeExpertRoute(plan, {10, 2});
-  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 4 (expert_route): expert_route: rows are [6,2] and "
-                                         "[10,2], expected [T, W] and [2 T, W] (group size 2)"));
+  EXPECT_THAT(messageOf(plan), HasSubstr("rank 0, step 4 (expert_route): expert_route: local_indices has 10 rows "
+                                         "for 6 tokens, expected 2 T = 12 (group size 2)"));
+}
+
+TEST_F(PlanValidatorTest, AcceptsLessRoomOnlyWithACapacityFactorOfAtLeastOne) {
+  makeExpertRoute(plan, {10, 2});
+  for (Rank &rank : *plan.mutable_ranks())
+    rank.mutable_steps(4)->mutable_collective()->set_capacity_factor(1.5);
+  EXPECT_EQ(messageOf(plan), "OK");
+  rank0().mutable_steps(4)->mutable_collective()->set_capacity_factor(0.5);
+  EXPECT_THAT(messageOf(plan), HasSubstr("capacity_factor is 0.5, expected 0 (room for every token) or at least 1"));
+  rank0().mutable_steps(4)->mutable_collective()->set_capacity_factor(1.5);
+  rank0().mutable_steps(4)->mutable_collective()->set_all_tokens(true);
+  EXPECT_THAT(messageOf(plan), HasSubstr("capacity_factor is set on an all_tokens expert_route (its room is fixed)"));
+}
+
+TEST_F(PlanValidatorTest, RejectsABoundedRouteWithMoreRoomThanEveryRanksTokens) {
+  makeExpertRoute(plan, {14, 2});
+  for (Rank &rank : *plan.mutable_ranks())
+    rank.mutable_steps(4)->mutable_collective()->set_capacity_factor(1.5);
+  EXPECT_THAT(messageOf(plan), HasSubstr("local_indices has 14 rows for 6 tokens, expected 1 to 2 T = 12 "
+                                         "(capacity_factor room)"));
 }
 
 TEST_F(PlanValidatorTest, AcceptsAnAllTokensRouteAndRejectsAllTokensElsewhere) {

@@ -65,7 +65,7 @@ namespace {
 std::atomic<bool> interrupted{false};
 
 int fail(const std::string &message) {
-  std::cerr << "moe-run: error: " << message << "\n";
+  std::cerr << ("moe-run: error: " + message + "\n"); // one write: thread ranks may fail at once
   return 1;
 }
 
@@ -609,7 +609,8 @@ int runTrain(Args &args, const RankSetup &setup) {
     absl::StatusOr<StepStats> stats = session.trainer->trainStep(
         shardOf(batch, shard, rows, session.plan.seq_len()));
     if (!stats.ok()) // the last checkpoint stays the one to resume from
-      return fail(std::string(stats.status().message()));
+      return fail("training step " + std::to_string(session.trainer->step() + 1) + ": " +
+                  std::string(stats.status().message()));
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int64_t done = stats->step - first;
     double tokensPerSecond = done * tokensPerStep / std::max(elapsed, 1e-9);

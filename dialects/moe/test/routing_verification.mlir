@@ -289,6 +289,24 @@ func.func @ep_route_layout(%i: tensor<?x8xi32>) -> tensor<?x8xi32> {
 
 // -----
 
+// Tests that an expert route's room is at least what uniform routing fills.
+func.func @ep_route_capacity_below_one(%i: tensor<?x8xi32>) -> tensor<?x8xi32> {
+  // expected-error @+1 {{'moe.ep_route' op needs capacity_factor >= 1 (the room uniform routing fills), got 5.000000e-01}}
+  %l, %layout = moe.ep_route %i {axis = "ep", ranks = 2 : i64, num_experts = 128 : i64, capacity_factor = 0.5 : f64} : (tensor<?x8xi32>) -> (tensor<?x8xi32>, tensor<2x4xi64>)
+  return %l : tensor<?x8xi32>
+}
+
+// -----
+
+// Tests that a route of every token to every rank has no capacity to bound.
+func.func @ep_route_capacity_all_tokens(%i: tensor<?x8xi32>) -> tensor<?x8xi32> {
+  // expected-error @+1 {{'moe.ep_route' op has capacity_factor and all_tokens: every token goes to every rank, the room is fixed}}
+  %l, %layout = moe.ep_route %i {all_tokens, axis = "ep", ranks = 2 : i64, num_experts = 128 : i64, capacity_factor = 2.0 : f64} : (tensor<?x8xi32>) -> (tensor<?x8xi32>, tensor<2x4xi64>)
+  return %l : tensor<?x8xi32>
+}
+
+// -----
+
 // Tests that a send keeps its rows' width.
 func.func @ep_send_width(%x: tensor<?x2048xbf16>, %layout: tensor<2x4xi64>) -> tensor<?x1024xbf16> {
   // expected-error @+1 {{'moe.ep_send' op result dimension 1 must be 2048 (input dimension 1), got 1024}}
