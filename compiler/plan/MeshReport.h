@@ -1,11 +1,12 @@
 //===- MeshReport.h - what one training step costs per GPU of a mesh -*- C++ -*-===//
 //
-// `moec compile ... --mesh dp=..,tp=..,pp=..,ep=.. --emit=report`: from the
-// single-rank Program (one replica's micro-batch), the memory each GPU of the
-// mesh holds by role, per pipeline stage, and the bytes each collective moves
-// per step, with a time at stated link speeds. An estimate by simple, stated
-// rules (printed with the report), not a sharded plan: it answers "does this
-// mesh fit, and where does the step's communication go" before one exists.
+// `moec compile ... --mesh dp=..,tp=..,pp=..,ep=.. --emit=report`: the memory
+// each GPU of the mesh holds by role, per pipeline stage, and the bytes each
+// collective moves per step, with a time at stated link speeds. The passes plan
+// the mesh without its pipeline (the slice: dp, tp, ep), and rank 0's program
+// of it gives every buffer and collective as the plan would hold them; the
+// pipeline stages are simulated by stated rules (printed with the report), so
+// any mesh is estimated in seconds without emitting a program per rank.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,7 @@
 #define COMPILER_PLAN_MESHREPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,9 +36,21 @@ struct MeshOptions {
   /// Micro-batches per step and pipeline; 0 = 2 x pp, as the plan has them
   /// (--moe-schedule-pipeline's default).
   int64_t microBatches = 0;
-  /// --tp-replicate experts: routed experts stay whole on every tp rank.
-  bool expertsWholeOverTp = false;
+  /// The slice's --ep-capacity-factor (0: none), for the report and its suggestions.
+  double epCapacityFactor = 0;
 };
+
+/// What a slice is planned with: the mesh (its pp dropped), --ep-capacity-factor and
+/// --sequence-parallel.
+struct SliceChoice {
+  moe::MeshShape mesh;
+  double epCapacityFactor = 0;
+  bool sequenceParallel = false;
+};
+
+/// Plans the slice of another choice, for the suggestions of a report whose mesh does not
+/// fit; moec compiles the model again. Null: only pipeline suggestions.
+using SlicePlanner = std::function<mlir::FailureOr<Program>(const SliceChoice &choice)>;
 
 /// Bytes one GPU holds, by role (each buffer padded to 256 bytes, as the arenas are).
 struct MemoryByRole {
@@ -83,9 +97,6 @@ struct MeshEstimate {
   int64_t globalTokensPerStep = 0;
   int64_t numLayers = 0, hiddenSize = 0;
   bool recomputes = false;
-  /// The program passed in already holds collectives (compiled for a mesh): the estimate
-  /// expects the single-rank program, and the report says so.
-  bool shardedProgram = false;
   std::vector<StageEstimate> stages;
   int worstMemoryStage = 0, slowestCommStage = 0;
   bool fits = false;
@@ -94,17 +105,14 @@ struct MeshEstimate {
   std::vector<std::string> assumptions;
 };
 
-/// The estimate for `mesh`; `program` is the single-rank program of one replica's
-/// micro-batch (its seqLen x microBatch tokens), with offsets assigned.
-MeshEstimate estimateMesh(const Program &program, const moe::MeshShape &mesh,
-                          const MeshOptions &options = {});
+/// The estimate for `mesh`; `slice` is rank 0's program of the model compiled for `mesh`
+/// without pp (one replica's micro-batch of seqLen x microBatch tokens), offsets assigned.
+MeshEstimate estimateMesh(const Program &slice, const moe::MeshShape &mesh, const MeshOptions &options = {});
 
-/// Memory per GPU by role and stage, whether it fits in `gpuBytes`, communication per step
-/// by collective, and the assumptions; suggestions when it does not fit.
-void printMeshReport(moe::ModelOp model, const Program &program, const moe::MeshShape &mesh, int64_t gpuBytes,
-                     llvm::raw_ostream &os);
-void printMeshReport(moe::ModelOp model, const Program &program, const moe::MeshShape &mesh,
-                     const MeshOptions &options, llvm::raw_ostream &os);
+/// Memory per GPU by role and stage, whether it fits in `options.gpuBytes`, communication
+/// per step by collective, and the assumptions; suggestions when it does not fit.
+void printMeshReport(moe::ModelOp model, const Program &slice, const moe::MeshShape &mesh,
+                     const MeshOptions &options, const SlicePlanner &plan, llvm::raw_ostream &os);
 
 } // namespace moec::compiler
 

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "compiler/analysis/ModelSummary.h"
+#include "compiler/plan/CollectiveBytes.h"
 #include "compiler/plan/OverlapReport.h"
 #include "dialects/moe/MeshShape.h"
 #include "llvm/ADT/StringExtras.h"
@@ -130,58 +131,19 @@ void printCollectives(moe::ModelOp model, const Program &program, llvm::raw_ostr
   std::string error;
   if (auto text = model->getAttrOfType<StringAttr>("mesh"))
     (void)moe::MeshShape::parse(text.str(), mesh, error);
-  auto groupSize = [&](StringRef axes) {
-    int64_t n = 1;
-    SmallVector<StringRef> parts;
-    axes.split(parts, '+');
-    for (StringRef axis : parts)
-      n *= mesh.axisSize(axis.str());
-    return n;
-  };
-  // Per (collective, axis, phase): how many, and the bytes this rank sends per step (ring
-  // all-reduce 2(n-1)/n of the tensor; the expert exchange the rows of the tokens that
-  // uniform routing sends to each other rank, tokenShareOfRank of them, or all of them).
+  // Per (collective, axis, phase): how many, and the bytes this rank sends per step.
   struct Row {
     int64_t count = 0, bytes = 0;
   };
-  double share = 1.0;
-  bool allTokens = false;
-  for (const ProgramStep &step : program.steps)
-    if (step.collective == "expert_route")
-      if ((allTokens = static_cast<bool>(step.attrs.get("all_tokens"))))
-        share = 1.0;
-      else if (auto experts = step.attrs.getAs<IntegerAttr>("num_experts"))
-        share = analysis::tokenShareOfRank(experts.getInt(), program.buffers[step.inputs[0]].shape.at(1),
-                                           groupSize(step.axis));
+  bool allTokens = sendsEveryToken(program);
+  std::vector<int64_t> sentBytes = collectiveSentBytes(program, mesh); // per step, for the overlap's replay
   std::map<std::tuple<std::string, std::string, int>, Row> rows;
-  std::vector<int64_t> sentBytes(program.steps.size(), 0); // per step, for the overlap's replay
   for (auto [index, step] : llvm::enumerate(program.steps)) {
     if (step.collective.empty())
       continue;
-    int64_t n = groupSize(step.axis), bytes = 0;
-    if (step.collective == "all_reduce") {
-      for (int id : step.inputs)
-        bytes += program.buffers[id].bytes;
-      bytes = bytes * 2 * (n - 1) / std::max<int64_t>(n, 1);
-    } else if (step.collective == "all_gather" || step.collective == "reduce_scatter") {
-      // Ring: an all-gather passes this rank's rows on n - 1 times; a reduce-scatter sends
-      // (n - 1) / n of the whole input.
-      for (int id : step.inputs)
-        bytes += program.buffers[id].bytes;
-      bytes = step.collective == "all_gather" ? bytes * (n - 1) : bytes * (n - 1) / std::max<int64_t>(n, 1);
-    } else if (step.collective == "send_recv") { // to the neighbouring stage: what it sends
-      for (int id : step.inputs)
-        bytes += program.buffers[id].bytes;
-    } else { // the token-side rows: what a route or send reads; a return's in its messages' dtype
-      // (its input: room for n ranks' tokens, f32 partial sums on a bf16 model)
-      double tokenSide = step.collective == "expert_return" ? double(program.buffers[step.inputs[0]].bytes) / n
-                                                            : double(program.buffers[step.inputs[0]].bytes);
-      bytes = static_cast<int64_t>(std::llround(tokenSide * share * double(n - 1)));
-    }
     Row &row = rows[{step.collective, step.axis, static_cast<int>(step.phase)}];
     ++row.count;
-    row.bytes += bytes;
-    sentBytes[index] = bytes;
+    row.bytes += sentBytes[index];
   }
   os << "\ncollectives per step (mesh " << mesh.str() << "; bytes this rank sends, uniform routing):\n";
   os << llvm::format("  %-16s %-8s %-9s %6s %14s  %s\n", "collective", "axis", "phase", "count", "bytes", "why");

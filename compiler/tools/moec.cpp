@@ -178,9 +178,10 @@ int runImport(int argc, char **argv) {
     return fail(error);
   if (summary || emit == Action::Summary)
     moec::analysis::printSummary(moec::analysis::summarizeModel(theModel(*module)), output->os());
-  else
+  else {
     module->print(output->os());
     output->os() << "\n"; // as moe-opt ends its output
+  }
   output->keep();
   return 0;
 }
@@ -421,15 +422,18 @@ int runCompile(int argc, char **argv) {
   options.fuseLora = fuseLora;
   options.fuseChunkTokens = fuseChunkTokens;
   // A report on a mesh with only dp and ep is the plan's own, its collectives included; with
-  // tp or pp it is a simulation from the single-rank program (it scales to any mesh), followed,
-  // for a mesh small enough to plan here, by the collectives of each pipeline stage's plan.
+  // tp or pp it follows the single-rank report with the mesh's estimate (the passes plan the
+  // mesh without pp; the stages are simulated: it scales to any mesh), and, for a mesh small
+  // enough to plan here, the collectives of each pipeline stage's plan.
   bool meshReport = emit == Action::Report && !mesh.single() && (mesh.tp > 1 || mesh.pp > 1);
   if (!mesh.single() && !meshReport)
     options.mesh = mesh.str();
   constexpr int64_t kPlannedReportRanks = 64;
-  mlir::OwningOpRef<mlir::ModuleOp> planned;
+  mlir::OwningOpRef<mlir::ModuleOp> planned, source;
   if (meshReport && mesh.size() <= kPlannedReportRanks)
     planned = module->clone();
+  if (meshReport)
+    source = module->clone();
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
@@ -485,17 +489,49 @@ int runCompile(int argc, char **argv) {
   else
     moec::compiler::printReport(model, *program, output->os());
   if (meshReport) {
+    // The mesh without pp (the slice), planned as the plan would be, each in a module of its
+    // own; the report's suggestions plan other meshes the same way.
+    std::vector<mlir::OwningOpRef<mlir::ModuleOp>> sliceModules;
+    auto planSlice = [&](const moec::compiler::SliceChoice &choice) -> mlir::FailureOr<moec::compiler::Program> {
+      moec::moe::MeshShape slice = choice.mesh;
+      slice.pp = 1;
+      options.mesh = slice.single() ? "" : slice.str();
+      options.sequenceParallel = choice.sequenceParallel && slice.tp > 1;
+      options.tpReplicate.clear();
+      if (slice.tp > 1)
+        options.tpReplicate = tpReplicate;
+      options.epCapacityFactor = slice.ep > 1 ? choice.epCapacityFactor : 0;
+      options.tokenBlocks = tokenBlocks.getNumOccurrences() ? tokenBlocks : overlap && slice.ep > 1 ? 2 : 1;
+      if (slice.ep < 2)
+        options.tokenBlocks = 1;
+      sliceModules.push_back(source->clone());
+      mlir::PassManager slicePm(&context);
+      moec::pipelines::buildLoRATrainingPipeline(slicePm, options);
+      if (failed(slicePm.run(*sliceModules.back())))
+        return mlir::failure();
+      mlir::FailureOr<std::vector<moec::compiler::Program>> programs =
+          moec::compiler::buildStagePrograms(theModel(*sliceModules.back()), seqLen, microBatch);
+      if (failed(programs))
+        return mlir::failure();
+      return std::move(programs->front());
+    };
+    mlir::FailureOr<moec::compiler::Program> slice = planSlice({mesh, epCapacityFactor, sequenceParallel});
+    if (failed(slice))
+      return fail("planning " + inputPath + " on --mesh " + mesh.str() +
+                  " without pp, for the report, failed (see the diagnostics above)");
     output->os() << "\n";
     moec::compiler::MeshOptions estimate;
     if (mesh.pp > 1)
       estimate.microBatches = pipelineMicroBatches; // the plan's, when given
-    estimate.expertsWholeOverTp = llvm::is_contained(tpReplicate, "experts");
-    moec::compiler::printMeshReport(model, *program, mesh, estimate, output->os());
+    estimate.epCapacityFactor = epCapacityFactor;
+    moec::compiler::printMeshReport(model, *slice, mesh, estimate, planSlice, output->os());
   }
   if (planned) {
     options.mesh = mesh.str();
     options.sequenceParallel = sequenceParallel;
     options.tpReplicate = tpReplicate;
+    options.epCapacityFactor = epCapacityFactor;
+    options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
     mlir::PassManager meshPm(&context);
     moec::pipelines::buildLoRATrainingPipeline(meshPm, options);
     moec::moe::ModelOp meshModel = theModel(*planned);

@@ -15,6 +15,10 @@
 // RUN:   | FileCheck %s --check-prefix=WIDE
 // RUN: moec compile %root/models/deepseek-v3/config.json --seq-len 64 --mesh tp=8 --emit=report \
 // RUN:   | FileCheck %s --check-prefix=LATENT
+// RUN: moec compile %root/models/seed-case-2.8t/config.json --mesh dp=16,tp=8,pp=4,ep=32 --emit=report \
+// RUN:   | FileCheck %s --check-prefix=SEED
+// RUN: moec compile %root/models/seed-case-2.8t/config.json --mesh dp=16,tp=8,pp=4,ep=32 --sequence-parallel \
+// RUN:     --ep-capacity-factor 2 --emit=report | FileCheck %s --check-prefix=SEED-FITS
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --mesh ep=2 \
@@ -47,11 +51,17 @@
 // CHECK: group 0 ep [2,3]
 // CHECK: bind %{{[0-9]+}} "model.layers.0.mlp.experts.{expert}.gate_proj.weight" first_expert=0
 
+// The estimate plans the mesh without pp (dp=2,tp=2,ep=2) and splits its layers over the two
+// stages: each stage's collectives run once per micro-batch (4), the gradient sums once a step.
 // REPORT: mesh dp=2,tp=2,pp=2,ep=2: 16 GPUs
+// REPORT: recompute: none; sequence parallel: no; expert exchange room: every token of every rank
 // REPORT: memory per GPU
 // REPORT: fits in 141 GB: yes
-// REPORT: all-to-all      dispatch+combine
-// REPORT: all-reduce      LoRA gradients        step      dp+ep
+// REPORT: all_reduce      LoRA gradients        step      dp+ep          4       1
+// REPORT: all_reduce      tp partial sums       fwd       tp             2       4
+// REPORT: expert_send     tokens to experts     fwd       ep             2       8
+// REPORT: send_recv       activations           fwd       pp             2       4
+// REPORT: planned: the passes place the model on the mesh without pp (dp=2,tp=2,ep=2)
 
 // A mesh that small is planned too: each pipeline stage's own collectives follow. One layer
 // per stage, four micro-batches of 96 tokens: the attention's partial output [96, 64] f32
@@ -108,6 +118,25 @@
 // TP: bind {{.*}} "model.layers.0.self_attn.q_proj.weight" slice [32+32,0+64]
 // TP: bind {{.*}} "model.layers.0.self_attn.o_proj.weight" slice [0+64,32+32]
 // TWICE: moec: error: --mesh 'ep=2,ep=4': axis ep is given twice
+
+// The 2.76T seed case on 16,384 GPUs: as planned by default it does not fit (the expert
+// exchange keeps room for every token of 32 ranks, and without sequence parallel every tp rank
+// routes every token); the report plans the alternatives and finds the pair that fits.
+// SEED: mesh dp=16,tp=8,pp=4,ep=32: 16,384 GPUs (2,048 nodes of 8)
+// SEED: expert exchange room: every token of every rank
+// SEED: memory per GPU (GB = 1e9 bytes):
+// SEED: routed experts
+// SEED: optimizer_state
+// SEED: fits in 141 GB: no
+// SEED: to fit, try (same micro-batch):
+// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --ep-capacity-factor 2 --sequence-parallel (16,384 GPUs; both): worst stage {{[0-9.]+}} GB, fits
+// SEED: communication per step per GPU
+// SEED: all_reduce        LoRA gradients        step
+// SEED: expert_send       tokens to experts
+// SEED-FITS: recompute: yes; sequence parallel: yes; expert exchange room: 2 x what uniform routing sends a rank
+// SEED-FITS: fits in 141 GB: yes
+// SEED-FITS-NOT: to fit, try
+// SEED-FITS: reduce_scatter    sequence parallel
 
 // DeepSeek-V3 over tp = 8: multi-head latent attention splits its 128 heads, the dense layers'
 // MLPs and the shared experts their intermediate features, the routed experts theirs.
