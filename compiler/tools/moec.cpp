@@ -416,6 +416,13 @@ int runCompile(int argc, char **argv) {
   options.tpReplicate = tpReplicate;
   if (overlap && mesh.single())
     errs() << "moec: warning: --overlap has no effect without a --mesh\n";
+  // Experts split over ep are whole on every tp rank: without sequence parallel each tp rank
+  // holds every token, so each routes and computes all of them (tp times the expert work).
+  if (mesh.tp > 1 && mesh.ep > 1 && !sequenceParallel)
+    errs() << "moec: warning: with tp and ep and without --sequence-parallel every tp rank routes every token "
+              "to the experts (tp = "
+           << mesh.tp << " times the expert work, the exchange's bytes and its room); --sequence-parallel "
+                         "gives each tp rank its rows\n";
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)
     errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;

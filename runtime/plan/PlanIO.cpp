@@ -103,6 +103,17 @@ absl::Status savePlan(const Plan &plan, const std::string &path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": cannot serialize the plan (protobuf messages are limited to 2 GiB)"));
 
+  // A device or a pipe (-o /dev/null, a FIFO): written in place. Renaming a temporary over it
+  // would replace it with a regular file.
+  if (struct stat info; ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode)) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+      return errnoError(errno, path, "cannot open");
+    int error = writeAll(fd, bytes);
+    if (::close(fd) != 0 && !error)
+      error = errno;
+    return error ? errnoError(error, path, "cannot write") : absl::OkStatus();
+  }
   std::string temp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)

@@ -4,7 +4,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <thread>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,6 +53,26 @@ TEST(PlanIO, SaveThenLoadRoundTrips) {
   differencer.ReportDifferencesToString(&differences);
   EXPECT_TRUE(differencer.Compare(plan, *loaded)) << differences;
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(plan, *loaded));
+}
+
+TEST(PlanIO, SaveIntoAPipeWritesThroughItAndKeepsIt) {
+  // -o /dev/null or a FIFO: written in place, not replaced by a renamed regular file.
+  std::string path = tempPath("plan.fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::string received;
+  std::thread reader([&] {
+    std::ifstream in(path, std::ios::binary);
+    received.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  });
+  Plan plan = testing::makeValidPlan();
+  absl::Status saved = savePlan(plan, path);
+  reader.join();
+  ASSERT_TRUE(saved.ok()) << saved;
+  struct stat info;
+  ASSERT_EQ(::stat(path.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  EXPECT_EQ(received, plan.SerializeAsString());
+  EXPECT_FALSE(exists(tempOf(path)));
 }
 
 TEST(PlanIO, SaveReplacesAnExistingFile) {

@@ -24,7 +24,8 @@
 #                               the collectives through host memory; no NCCL, no scale), then
 #                               moe-run --nproc 2 --ranks-on-one-gpu against one rank: the tiny
 #                               gpt-oss, OLMoE and Nemotron-H (f32, bf16) on tp=2 and tp=2-sp, Qwen3-30B-A3B
-#                               and OLMoE-1B-7B shapes (4 layers, 4096 tokens) on tp=2-sp;
+#                               and OLMoE-1B-7B shapes (4 layers, 4096 tokens) on tp=2-sp, the tiny
+#                               Qwen3-MoE on ep=2 with --ep-capacity-factor 1.5 (ep=2-cap);
 #                               MESHES="" skips the mesh checks
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
@@ -44,6 +45,7 @@ families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen
 meshFlags() {
   case "$1" in
     *-spx) echo "--mesh ${1%-spx} --sequence-parallel --tp-replicate experts" ;;
+    *-cap) echo "--mesh ${1%-cap} --ep-capacity-factor 1.5" ;;
     *-overlap) echo "--mesh ${1%-overlap} --overlap" ;;
     *-sp) echo "--mesh ${1%-sp} --sequence-parallel" ;;
     *-all | *-routed) echo "--mesh ${1%-*} --ep-exchange ${1##*-}" ;;
@@ -159,6 +161,13 @@ if [ "${1:-}" = pack ]; then
       --lora-alpha 64 --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --lr 1e-4 --warmup-steps 0 $flags \
       -o "$pack/plans/o4.$mesh.moeplan" 2>/dev/null
   done
+  # The expert exchange with bounded room (--ep-capacity-factor 1.5: 192 expert copies of 256).
+  for mesh in single ep=2-cap; do
+    flags=""; [ "$mesh" = single ] || flags="$(meshFlags "$mesh")"
+    mb=2; [ "$mesh" = single ] && mb=4
+    "$bin/compiler/tools/moec" compile models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch $mb --lora-rank 4 \
+      $flags -o "$pack/plans/cap.$mesh.moeplan" 2>/dev/null
+  done
   for tiny in olmoe nemotron_h; do
     "$bin/runtime/tools/moe-run" init tests/e2e/Inputs/tiny_$tiny.json --seed 0 \
       --plan "$pack/plans/tiny_$tiny.float32.single.moeplan" -o "$pack/tiny_$tiny-model"
@@ -262,6 +271,7 @@ if [ "$1" = mesh1 ]; then
     oneRun "tp=2 tp=2-sp" tiny_$tiny.bfloat16 tests/e2e/Inputs/train.jsonl 4 2e-2 --model "$pack/tiny_$tiny-model"
   done
   oneRun "tp=2-sp" o4 "$pack/train.jsonl" 3 2e-2 --random-weights 0
+  oneRun "ep=2-cap" cap tests/e2e/Inputs/train.jsonl 4 1e-4 --random-weights 0
   rm -f "$out/one.log"
   printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
   exit 0

@@ -19,6 +19,10 @@
 // RUN:   | FileCheck %s --check-prefix=SEED
 // RUN: moec compile %root/models/seed-case-2.8t/config.json --mesh dp=16,tp=8,pp=4,ep=32 --sequence-parallel \
 // RUN:     --ep-capacity-factor 2 --emit=report | FileCheck %s --check-prefix=SEED-FITS
+// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 -o %t.moeplan 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=TPEP
+// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 --sequence-parallel -o %t.moeplan 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=TPEP-SP
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 --mesh ep=2 \
@@ -118,6 +122,12 @@
 // TP: bind {{.*}} "model.layers.0.self_attn.q_proj.weight" slice [32+32,0+64]
 // TP: bind {{.*}} "model.layers.0.self_attn.o_proj.weight" slice [0+64,32+32]
 // TWICE: moec: error: --mesh 'ep=2,ep=4': axis ep is given twice
+
+// Experts split over ep are whole on every tp rank: without sequence parallel both tp ranks
+// route every token.
+// TPEP: moec: warning: with tp and ep and without --sequence-parallel every tp rank routes every token to the experts (tp = 2 times the expert work, the exchange's bytes and its room)
+// TPEP-SP-NOT: warning
+// TPEP-SP: moec: wrote
 
 // The 2.76T seed case on 16,384 GPUs: as planned by default it does not fit (the expert
 // exchange keeps room for every token of 32 ranks, and without sequence parallel every tp rank
