@@ -191,29 +191,13 @@ int64_t strideOf(const moe::MeshShape &mesh, llvm::StringRef axis) {
   return stride;
 }
 
-/// Rank 0's group over `axes`, and how many of its members share rank 0's node.
 struct Group {
   int64_t size = 1, onNode = 1;
   bool crossesNodes = false;
 };
 
-Group groupOf(const moe::MeshShape &mesh, std::initializer_list<const char *> axes, int64_t gpusPerNode) {
-  std::vector<int64_t> ranks = {0};
-  for (const char *axis : axes) {
-    std::vector<int64_t> next;
-    for (int64_t k = 0; k < mesh.axisSize(axis); ++k)
-      for (int64_t r : ranks)
-        next.push_back(r + k * strideOf(mesh, axis));
-    ranks = std::move(next);
-  }
-  Group group;
-  group.size = static_cast<int64_t>(ranks.size());
-  group.onNode = std::count_if(ranks.begin(), ranks.end(), [&](int64_t r) { return r / gpusPerNode == 0; });
-  group.crossesNodes = group.onNode < group.size;
-  return group;
-}
-
-Group groupOfAxes(const moe::MeshShape &mesh, llvm::StringRef axes, int64_t gpusPerNode) {
+/// Rank 0's group over `axes` ("dp+ep"), and how many of its members share rank 0's node.
+Group groupOf(const moe::MeshShape &mesh, llvm::StringRef axes, int64_t gpusPerNode) {
   llvm::SmallVector<llvm::StringRef> parts;
   axes.split(parts, '+');
   std::vector<int64_t> ranks = {0};
@@ -377,11 +361,11 @@ private:
     }
     for (auto &[key, row] : rows) {
       auto &[collective, what, phase, axis] = key;
-      add(st, collective, what, phase.c_str(), axis, groupOfAxes(mesh, axis, options.gpusPerNode), row.count,
+      add(st, collective, what, phase.c_str(), axis, groupOf(mesh, axis, options.gpusPerNode), row.count,
           row.bytes, llvm::StringRef(collective).starts_with("expert_"));
     }
     if (mesh.pp > 1) {
-      Group pair = groupOf(mesh, {"pp"}, options.gpusPerNode);
+      Group pair = groupOf(mesh, "pp", options.gpusPerNode);
       pair.size = 2; // one neighbour
       pair.crossesNodes = strideOf(mesh, "pp") >= options.gpusPerNode;
       auto boundary = [&](int layer) {
@@ -401,7 +385,7 @@ private:
     for (const char *axis : {"ep", "dp", "tp", "pp"}) {
       if (mesh.axisSize(axis) <= 1)
         continue;
-      Group group = groupOf(mesh, {axis}, gpn);
+      Group group = groupOf(mesh, axis, gpn);
       if (!axes.empty())
         axes += "; ";
       axes += llvm::formatv("{0} (stride {1}) {2}", axis, strideOf(mesh, axis),
