@@ -48,6 +48,7 @@ struct Facts {
   int64_t hidden = 0, hiddenBytes = 0, numExperts = 0;
   bool recomputes = false, sequenceParallel = false;
   bool unboundedRoutes = false; // a routed exchange with room for every token of every rank
+  bool boundedRoutes = false;   // a routed exchange with a capacity_factor
   std::vector<ParamFacts> params;
   std::vector<int64_t> layerFlops, layerOutBytes; // per layer; its [tokens (/ tp), hidden] output
   std::vector<CollectiveFacts> collectives;
@@ -85,6 +86,7 @@ Facts analyze(const Program &program, const moe::MeshShape &mesh) {
       if (auto experts = step.attrs.getAs<mlir::IntegerAttr>("num_experts"))
         f.numExperts = std::max<int64_t>(f.numExperts, experts.getInt());
       f.unboundedRoutes |= !step.attrs.get("all_tokens") && !step.attrs.get("capacity_factor");
+      f.boundedRoutes |= static_cast<bool>(step.attrs.get("capacity_factor"));
     }
     if (step.collective == "all_gather" || step.collective == "reduce_scatter")
       f.sequenceParallel = true;
@@ -560,7 +562,11 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
       flags += " --sequence-parallel";
     return flags;
   };
-  auto tryChoice = [&](const SliceChoice &choice, const char *why) {
+  // Prints the choice if its worst stage is below `beat` (the mesh's own by default) and
+  // returns that worst stage's bytes (the mesh's own when it cannot be planned).
+  int64_t current = e.stages[e.worstMemoryStage].memory.total();
+  auto tryChoice = [&](const SliceChoice &choice, const char *why, int64_t beat = -1) -> int64_t {
+    beat = beat < 0 ? current : beat;
     // pp only splits layers: the same slice. Anything else plans a new one.
     moe::MeshShape a = choice.mesh, b = now.mesh;
     a.pp = b.pp = 1;
@@ -569,11 +575,11 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
     if (a.str() != b.str() || choice.epCapacityFactor != now.epCapacityFactor ||
         choice.sequenceParallel != now.sequenceParallel) {
       if (!plan)
-        return;
+        return current;
       other = plan(choice);
       if (mlir::failed(other)) {
         os << "  " << flagsOf(choice) << ": does not plan (see the diagnostics above)\n";
-        return;
+        return current;
       }
       slice = &*other;
     }
@@ -581,26 +587,31 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
     options.epCapacityFactor = choice.epCapacityFactor;
     MeshEstimate estimate = Estimator(analyze(*slice, choice.mesh), choice.mesh, options).run();
     const StageEstimate &worst = estimate.stages[estimate.worstMemoryStage];
+    if (worst.memory.total() >= beat)
+      return worst.memory.total(); // no help (a capacity factor at ep = 2: its bound is the worst case)
     os << llvm::formatv("  {0} ({1} GPUs; {2}): worst stage {3} GB, {4}\n", flagsOf(choice),
                         analysis::withCommas(choice.mesh.size()), why, gb(worst.memory.total()),
                         estimate.fits ? "fits" : "over by " + gb(-estimate.marginBytes) + " GB");
+    return worst.memory.total();
   };
+  int64_t rows = current;
   if (now.mesh.tp > 1 && !now.sequenceParallel) {
     SliceChoice c = now;
     c.sequenceParallel = true;
-    tryChoice(c, "each tp rank holds and routes its rows of the tokens");
+    rows = tryChoice(c, "each tp rank holds and routes its rows of the tokens");
   }
   bool bound = facts.unboundedRoutes && now.epCapacityFactor == 0;
+  int64_t bounded = current;
   if (bound) {
     SliceChoice c = now;
     c.epCapacityFactor = 2;
-    tryChoice(c, "room for twice the expert rows balanced routing sends, not every token of every rank");
+    bounded = tryChoice(c, "room for twice the expert rows balanced routing sends, not every token of every rank");
   }
   if (bound && now.mesh.tp > 1 && !now.sequenceParallel) {
     SliceChoice c = now;
     c.epCapacityFactor = 2;
     c.sequenceParallel = true;
-    tryChoice(c, "both");
+    tryChoice(c, "both", std::min(rows, bounded));
   }
   if (facts.numExperts > 0 && now.mesh.ep * 2 <= facts.numExperts) {
     SliceChoice c = now;
@@ -646,9 +657,8 @@ void printMeshReport(moe::ModelOp model, const Program &slice, const moe::MeshSh
      << (facts.sequenceParallel ? "yes" : "no");
   if (mesh.ep > 1) {
     std::string room = facts.unboundedRoutes ? "every token of every rank"
-                       : options.epCapacityFactor != 0
-                           ? factor(options.epCapacityFactor) + " x what uniform routing sends a rank"
-                           : "every token (each is sent to every rank)";
+                       : facts.boundedRoutes ? factor(options.epCapacityFactor) + " x what uniform routing sends a rank"
+                                             : "every token (each is sent to every rank)";
     os << "; expert exchange room: " << room;
   }
   os << "\n\n";

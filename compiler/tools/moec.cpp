@@ -444,11 +444,13 @@ int runCompile(int argc, char **argv) {
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
-  // The simulated report starts from the single-rank program: no tensor-parallel options there
-  // (the stages' own plans below take them).
+  // A mesh report starts with the single-rank program: no tensor-parallel options there (the
+  // slice and the stages' plans below take them), nor the memory cap, which caps a rank of the
+  // planned mesh, not this program or the slice (the estimate says whether the mesh fits).
   if (meshReport) {
     options.sequenceParallel = false;
     options.tpReplicate.clear();
+    options.memoryCap = "";
   }
   moec::pipelines::buildLoRATrainingPipeline(pm, options);
   if (failed(pm.run(*module)))
@@ -512,6 +514,9 @@ int runCompile(int argc, char **argv) {
       if (slice.ep < 2)
         options.tokenBlocks = 1;
       sliceModules.push_back(source->clone());
+      // A placement is for the command's ep: another ep places experts consecutively.
+      if (slice.ep != mesh.ep)
+        theModel(*sliceModules.back())->removeAttr("expert_placement");
       mlir::PassManager slicePm(&context);
       moec::pipelines::buildLoRATrainingPipeline(slicePm, options);
       if (failed(slicePm.run(*sliceModules.back())))
@@ -539,6 +544,7 @@ int runCompile(int argc, char **argv) {
     options.tpReplicate = tpReplicate;
     options.epCapacityFactor = epCapacityFactor;
     options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
+    options.memoryCap = memoryCap;
     mlir::PassManager meshPm(&context);
     moec::pipelines::buildLoRATrainingPipeline(meshPm, options);
     moec::moe::ModelOp meshModel = theModel(*planned);

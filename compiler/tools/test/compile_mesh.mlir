@@ -19,6 +19,12 @@
 // RUN:   | FileCheck %s --check-prefix=SEED
 // RUN: moec compile %root/models/seed-case-2.8t/config.json --mesh dp=16,tp=8,pp=4,ep=32 --sequence-parallel \
 // RUN:     --ep-capacity-factor 2 --emit=report | FileCheck %s --check-prefix=SEED-FITS
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --seq-len 1024 --mesh ep=4,pp=2,tp=2 --sequence-parallel \
+// RUN:     --ep-capacity-factor 1.5 --emit=report 2>/dev/null | FileCheck %s --check-prefix=FIXED-ROOM
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --seq-len 8192 --micro-batch 4 --mesh tp=2,pp=2,ep=2 \
+// RUN:     --ep-exchange routed --emit=report 2>/dev/null | FileCheck %s --check-prefix=NO-HELP
+// RUN: moec compile %root/models/qwen3-30b-a3b/config.json --seq-len 4096 --mesh tp=2,pp=2,ep=2 --sequence-parallel \
+// RUN:     --ep-exchange routed --ep-capacity-factor 1.5 --memory-cap 60GB --emit=report | FileCheck %s --check-prefix=CAPPED
 // RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 -o %t.moeplan 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TPEP
 // RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 --sequence-parallel -o %t.moeplan 2>&1 \
@@ -122,6 +128,21 @@
 // TP: bind {{.*}} "model.layers.0.self_attn.q_proj.weight" slice [32+32,0+64]
 // TP: bind {{.*}} "model.layers.0.self_attn.o_proj.weight" slice [0+64,32+32]
 // TWICE: moec: error: --mesh 'ep=2,ep=4': axis ep is given twice
+
+// Qwen3-30B's top-8 of 128 experts over 4 ranks: auto sends every token to every rank, whose
+// room the factor does not bound, and the report says so.
+// FIXED-ROOM: expert exchange room: every token (each is sent to every rank)
+// At ep = 2 a capacity factor of 2 bounds nothing (twice the balanced load is every token):
+// not suggested; sequence parallel is.
+// NO-HELP: to fit, try (same micro-batch):
+// NO-HELP-NOT: --ep-capacity-factor
+// NO-HELP: --mesh tp=2,pp=2,ep=2 --sequence-parallel (8 GPUs
+// NO-HELP-NOT: --ep-capacity-factor
+// NO-HELP: communication per step per GPU
+// The memory cap caps a rank of the planned mesh: the report's one-rank program and slice
+// do not take it, and the plan's stages do.
+// CAPPED: fits in 141 GB: yes
+// CAPPED: the plan's own collectives, pipeline stage 0 of 2:
 
 // Experts split over ep are whole on every tp rank: without sequence parallel both tp ranks
 // route every token.
