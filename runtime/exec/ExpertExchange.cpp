@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <functional>
@@ -184,28 +185,42 @@ absl::Status Executor::roomFor(const plan::Collective &collective, const std::ve
         room = std::min<int64_t>(room, buffer.shape(0));
     known = copiesRoom.emplace(received, room).first;
   }
+  // The rank that needs the most room, over what it has (above 1: it does not fit).
   size_t row = 2 * static_cast<size_t>(n);
+  int worst = -1;
+  int64_t worstTokens = 0, worstCopies = 0;
+  double over = 1.0;
   for (int j = 0; j < n; ++j) {
     int64_t tokens = 0, copies = 0;
     for (int r = 0; r < n; ++r) {
       tokens += counts[r * row + 2 * j];
       copies += counts[r * row + 2 * j + 1];
     }
-    if (tokens <= roomTokens && copies <= known->second)
-      continue;
-    const std::string &name = rankProto->buffers(static_cast<int>(received)).name();
-    std::string bound =
-        collective.capacity_factor() != 0
-            ? absl::StrCat("capacity_factor ", collective.capacity_factor(),
-                           ": that many times what uniform routing sends a rank); the routing is more uneven: "
-                           "compile with a larger --ep-capacity-factor, or 0 for room for every token")
-            : std::string("room for every token of every rank); this is a bug in the plan");
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "expert route '", name, "': ep rank ", j, " of ", n, " would receive ", tokens, " tokens and ", copies,
-        " expert copies, and the plan has room for ", roomTokens, " and ",
-        known->second == INT64_MAX ? std::string("any number") : std::to_string(known->second), " (", bound));
+    double need = std::max(double(tokens) / double(std::max<int64_t>(roomTokens, 1)),
+                           double(copies) / double(std::max<int64_t>(known->second, 1)));
+    if (need > over) {
+      over = need;
+      worst = j;
+      worstTokens = tokens;
+      worstCopies = copies;
+    }
   }
-  return absl::OkStatus();
+  if (worst < 0)
+    return absl::OkStatus();
+  const std::string &name = rankProto->buffers(static_cast<int>(received)).name();
+  double factor = collective.capacity_factor();
+  // About the factor that would have held this step: rooms round up, so in quarters, above it.
+  double enough = std::floor(factor * over * 4.0) / 4.0 + 0.25;
+  std::string bound =
+      factor != 0 ? absl::StrCat("capacity_factor ", factor,
+                                 ": that many times what uniform routing sends a rank); the routing is more uneven: "
+                                 "this step needs about --ep-capacity-factor ",
+                                 enough, " (or 0: room for every token)")
+                  : std::string("room for every token of every rank); this is a bug in the plan");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "expert route '", name, "': ep rank ", worst, " of ", n, " would receive ", worstTokens, " tokens and ",
+      worstCopies, " expert copies, and the plan has room for ", roomTokens, " and ",
+      known->second == INT64_MAX ? std::string("any number") : std::to_string(known->second), " (", bound));
 }
 
 absl::Status Executor::keepRoute(const plan::Collective &collective, Received got, ExpertRoute route,

@@ -27,12 +27,23 @@
 // Routing more uneven than the room: top-1 of 8 experts, 2 tokens per rank over ep = 2 (the
 // routing train_expert_route_empty.mlir shows, where one rank's experts get every token). At
 // F = 1 the room is ceil(2 x 2 x 1/2) = 2 tokens and 2 copies; the first MoE layer sends one
-// rank 3. Both ranks stop at that route, before anything is sent, naming it, the counts and
-// the flag.
+// rank 3 (1.5 x its room: about 1.75 would hold it). Both ranks stop at that route, before
+// anything is sent, naming it, the counts and the factor that would do.
 // RUN: moec compile %inputs/tiny_qwen3_moe_top1.json --seq-len 2 --micro-batch 1 --lora-rank 4 \
 // RUN:     --mesh ep=2 --ep-capacity-factor 1 -o %t/tight.moeplan
 // RUN: not moe-run train --plan %t/tight.moeplan --random-weights 1 --data %inputs/train.jsonl \
 // RUN:     --out %t/tight --steps 2 --nproc 2 2>&1 | FileCheck %s --check-prefix=OVER
+// At the factor the message names, the same steps train like one rank.
+// RUN: moec compile %inputs/tiny_qwen3_moe_top1.json --seq-len 2 --micro-batch 1 --lora-rank 4 \
+// RUN:     --mesh ep=2 --ep-capacity-factor 1.75 -o %t/enough.moeplan
+// RUN: moec compile %inputs/tiny_qwen3_moe_top1.json --seq-len 2 --micro-batch 2 --lora-rank 4 \
+// RUN:     -o %t/top1.moeplan
+// RUN: moe-run train --plan %t/enough.moeplan --random-weights 1 --data %inputs/train.jsonl \
+// RUN:     --out %t/enough --steps 2 --nproc 2 2>/dev/null
+// RUN: moe-run train --plan %t/top1.moeplan --random-weights 1 --data %inputs/train.jsonl \
+// RUN:     --out %t/top1 --steps 2 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/enough/metrics.jsonl %t/top1/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=ENOUGH
 //
 // Bad flags, and a layer whose exchange sends every token to every rank (fixed room).
 // RUN: not moec compile %root/models/tiny-qwen3-moe/config.json --mesh ep=2 --ep-capacity-factor 0.5 \
@@ -51,7 +62,8 @@
 // WHOLE: i32 [128,2] {{.*}}"layer0.ep_route.{{[0-9]+}}#0" rows_of %[[R:[0-9]+]]
 // WHOLE: f32 [256,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]
 // SAME: 3 steps agree within 1e-05
-// OVER: moe-run: error: training step 1: step {{[0-9]+}} (expert_route) {{.*}}expert route 'layer0.ep_route.{{[0-9]+}}#0': ep rank {{[01]}} of 2 would receive 3 tokens and 3 expert copies, and the plan has room for 2 and 2 (capacity_factor 1: that many times what uniform routing sends a rank); the routing is more uneven: compile with a larger --ep-capacity-factor, or 0 for room for every token
+// ENOUGH: 2 steps agree within 1e-05
+// OVER: moe-run: error: training step 1: step {{[0-9]+}} (expert_route) {{.*}}expert route 'layer0.ep_route.{{[0-9]+}}#0': ep rank {{[01]}} of 2 would receive 3 tokens and 3 expert copies, and the plan has room for 2 and 2 (capacity_factor 1: that many times what uniform routing sends a rank); the routing is more uneven: this step needs about --ep-capacity-factor 1.75 (or 0: room for every token)
 // OVER: moe-run: error: training step 1: {{.*}}ep rank {{[01]}} of 2 would receive 3 tokens
 // BELOW: moec: error: --ep-capacity-factor bounds the expert exchange's room: it needs ep > 1 in --mesh and a factor of at least 1 (0: no bound), got 0.5 with --mesh 'ep=2'
 // NOEP: moec: error: --ep-capacity-factor {{.*}}got 2 with --mesh ''
