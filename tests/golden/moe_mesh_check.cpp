@@ -174,7 +174,7 @@ int main(int argc, char **argv) {
   std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan"), exactPath = args.get("f32-plan");
   std::string epExchange = args.get("ep-exchange", "auto"), recompute = args.get("recompute"),
               placement = args.get("expert-placement"), tokenBlocks = args.get("token-blocks"),
-              tpReplicate = args.get("tp-replicate");
+              tpReplicate = args.get("tp-replicate"), capacity = args.get("ep-capacity-factor");
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
@@ -200,14 +200,16 @@ int main(int argc, char **argv) {
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
   if ((!recompute.empty() || fusedExperts || !placement.empty() || !tokenBlocks.empty() || overlap ||
-       sequenceParallel || !tpReplicate.empty()) &&
+       sequenceParallel || !tpReplicate.empty() || !capacity.empty()) &&
       !singlePath.empty())
     return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks, --overlap, "
-                "--sequence-parallel and --tp-replicate are for the plans moe-mesh-check compiles, not with --plan");
+                "--sequence-parallel, --tp-replicate and --ep-capacity-factor are for the plans moe-mesh-check "
+                "compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda [--ranks-on-one-gpu]] "
                 "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
                 "[--expert-placement FILE] [--token-blocks N] [--overlap] [--sequence-parallel] [--tp-replicate KINDS] "
+                "[--ep-capacity-factor F] "
                 "[--plan SINGLE --mesh-plan MESH [--f32-plan SINGLE_F32]]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
@@ -293,6 +295,8 @@ int main(int argc, char **argv) {
       moecArgs.push_back("--sequence-parallel");
     if (!meshFlag.empty() && !tpReplicate.empty())
       moecArgs.insert(moecArgs.end(), {"--tp-replicate", tpReplicate});
+    if (!meshFlag.empty() && !capacity.empty())
+      moecArgs.insert(moecArgs.end(), {"--ep-capacity-factor", capacity});
     if (fusedExperts) // both plans: the expert MLP and its combine differentiated as one
       moecArgs.push_back("--fused-expert-backward");
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
