@@ -25,7 +25,8 @@
 #                               moe-run --nproc 2 --ranks-on-one-gpu against one rank: the tiny
 #                               gpt-oss, OLMoE and Nemotron-H (f32, bf16) on tp=2 and tp=2-sp, Qwen3-30B-A3B
 #                               and OLMoE-1B-7B shapes (4 layers, 4096 tokens) on tp=2-sp, the tiny
-#                               Qwen3-MoE on ep=2 with --ep-capacity-factor 1.5 (ep=2-cap);
+#                               Qwen3-MoE on ep=2 with --ep-capacity-factor 1.75 (ep=2-cap; the golden
+#                               families' ep=2-cap plans are packed too: MESHES=ep=2-cap);
 #                               MESHES="" skips the mesh checks
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
@@ -45,7 +46,7 @@ families=(deepseek_v3 deepseek_v32 kimi_linear mixtral nemotron_h qwen3_moe qwen
 meshFlags() {
   case "$1" in
     *-spx) echo "--mesh ${1%-spx} --sequence-parallel --tp-replicate experts" ;;
-    *-cap) echo "--mesh ${1%-cap} --ep-capacity-factor 1.5" ;;
+    *-cap) echo "--mesh ${1%-cap} --ep-exchange routed --ep-capacity-factor 1.75" ;;
     *-overlap) echo "--mesh ${1%-overlap} --overlap" ;;
     *-sp) echo "--mesh ${1%-sp} --sequence-parallel" ;;
     *-all | *-routed) echo "--mesh ${1%-*} --ep-exchange ${1##*-}" ;;
@@ -110,7 +111,7 @@ if [ "${1:-}" = pack ]; then
   # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2 ep=2-all pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap; do
+      for mesh in dp=2 ep=2 ep=2-all ep=2-cap pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap; do
         # tp ranks share their sequences: both of the golden batch's, as on one GPU.
         batch=1; [ "${mesh%-sp}" = tp=2 ] && batch=2
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
@@ -161,7 +162,7 @@ if [ "${1:-}" = pack ]; then
       --lora-alpha 64 --lora-targets q_proj,k_proj,v_proj,o_proj --seq-len 4096 --lr 1e-4 --warmup-steps 0 $flags \
       -o "$pack/plans/o4.$mesh.moeplan" 2>/dev/null
   done
-  # The expert exchange with bounded room (--ep-capacity-factor 1.5: 192 expert copies of 256).
+  # The expert exchange with bounded room (--ep-capacity-factor 1.75: 224 expert copies of 256).
   for mesh in single ep=2-cap; do
     flags=""; [ "$mesh" = single ] || flags="$(meshFlags "$mesh")"
     mb=2; [ "$mesh" = single ] && mb=4
