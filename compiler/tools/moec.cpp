@@ -94,7 +94,8 @@ bool placeExperts(moec::moe::ModelOp model, int64_t ep, const std::string &place
       worstAfter = std::max(worstAfter, moec::analysis::rankImbalance(tokens, placement[layer], ep));
     }
     errs() << formatv("moec: experts placed by the load in {0}: {1} MoE layers{4}; the busiest ep rank's tokens "
-                      "over the mean, worst layer: {2:F3} with consecutive experts, {3:F3} placed\n",
+                      "over the mean, worst layer: {2:F3} with consecutive experts, {3:F3} placed (over the "
+                      "run; a step's can be more: --ep-capacity-factor needs at least that)\n",
                       loadPath, load.size(), worstBefore, worstAfter,
                       spare ? formatv(", {0} spare experts per rank for copies of the busiest", spare).str()
                             : std::string());
