@@ -85,8 +85,8 @@ int64_t estimateFlops(Operation *op, const ProgramStep &step, const Program &pro
       const ProgramBuffer &route = program.buffers[anchor];
       bool copies = program.buffers[step.inputs[0]].receivedCopies;
       expected = *shapes[0];
-      expected[0] = expected[0] * (copies ? route.expectedCopies : route.expectedTokens) /
-                    std::max<int64_t>(1, copies ? route.roomCopies : route.roomTokens);
+      int64_t filled = copies ? route.tokensPerRank * route.shape.at(1) : route.tokensPerRank;
+      expected[0] = expected[0] * filled / std::max<int64_t>(1, copies ? route.roomCopies : route.shape.at(0));
       shapes[0] = &expected;
     }
   auto backward = dyn_cast<moe::BackwardOp>(op);

@@ -380,9 +380,9 @@ private:
     } else if (auto route = dyn_cast<moe::EpRouteOp>(op)) {
       rows = routeRoom(route, rowsOf(route.getIndices())).tokens;
     } else if (auto send = dyn_cast<moe::EpSendOp>(op)) {
-      rows = routeOf(send.getLayout()).roomTokens; // in the route's received order
+      rows = routeOf(send.getLayout()).shape.at(0); // the route's room, in its received order
     } else if (auto back = dyn_cast<moe::EpReturnOp>(op)) {
-      rows = routeOf(back.getLayout()).expectedTokens; // one row per token of this rank
+      rows = routeOf(back.getLayout()).tokensPerRank; // one row per token of this rank
     } else if (auto slice = dyn_cast<moe::MicrobatchOp>(op)) {
       rows = rowsOf(slice.getInput()) / slice.getCount();
     } else if (isa<moe::StageExchangeOp>(op)) {
@@ -589,13 +589,9 @@ private:
         values[op.getResult(i)] = id;
         outputs.push_back(id);
         if (auto route = dyn_cast<moe::EpRouteOp>(op); route && i == 0) {
-          int64_t tokens = program.buffers[inputs.at(0)].shape.at(0), k = program.buffers[inputs.at(0)].shape.at(1);
-          Room room = routeRoom(route, tokens);
-          ProgramBuffer &received = program.buffers[id];
-          received.roomTokens = room.tokens;
-          received.roomCopies = room.copies;
-          received.expectedTokens = tokens;
-          received.expectedCopies = tokens * k;
+          int64_t tokens = program.buffers[inputs.at(0)].shape.at(0);
+          program.buffers[id].roomCopies = routeRoom(route, tokens).copies;
+          program.buffers[id].tokensPerRank = tokens;
         }
         followReceivedRows(&op, i, id, values);
       }

@@ -53,12 +53,11 @@ struct ProgramBuffer {
   /// A frozen bias of a tp-split projection's partial sums (moe.tp_first_rank): tp coordinate 0
   /// binds the tensor, the other tp ranks zeros, so the sum over tp adds it once.
   bool tpFirstRank = false;
-  /// An expert route's received indices: room for `roomTokens` received tokens and
-  /// `roomCopies` expert copies (every token of every rank, or what the route's
-  /// capacity_factor allows), of which balanced routing fills `expectedTokens` (this rank's
-  /// own T) and `expectedCopies` (T x k). FLOP counts of the buffers that follow the route
-  /// (receivedRowsOf) use the expected rows.
-  int64_t roomTokens = 0, roomCopies = 0, expectedTokens = 0, expectedCopies = 0;
+  /// An expert route's received indices ([room for tokens, k]): room for `roomCopies` expert
+  /// copies (every token of every rank, or what the route's capacity_factor allows); balanced
+  /// routing fills `tokensPerRank` rows (this rank's own T) and T x k copies. FLOP counts of
+  /// the buffers that follow the route (receivedRowsOf) use those rows.
+  int64_t roomCopies = 0, tokensPerRank = 0;
   /// Expert parallel: the route's received-indices buffer whose received rows this buffer's
   /// rows follow (plan.proto Buffer.received_rows_of); -1 = none.
   int receivedRowsOf = -1;

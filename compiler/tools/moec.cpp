@@ -410,11 +410,20 @@ int runCompile(int argc, char **argv) {
   options.memoryCap = memoryCap;
   options.pipelineMicroBatches = pipelineMicroBatches;
   options.epExchange = epExchange;
-  options.epCapacityFactor = epCapacityFactor;
-  options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
   options.overlap = overlap;
-  options.sequenceParallel = sequenceParallel;
-  options.tpReplicate = tpReplicate;
+  // The mesh options of a plan for `on` (the command's mesh, or a mesh report's slice of one;
+  // the flags were checked against the command's mesh above): --overlap splits the exchange in
+  // two token blocks unless --token-blocks says otherwise.
+  auto meshOptions = [&](const moec::moe::MeshShape &on, double capacity, bool rows) {
+    options.mesh = on.single() ? "" : on.str();
+    options.sequenceParallel = rows && on.tp > 1;
+    options.tpReplicate.clear();
+    if (on.tp > 1)
+      options.tpReplicate = tpReplicate;
+    options.epCapacityFactor = on.ep > 1 ? capacity : 0;
+    options.tokenBlocks = tokenBlocks.getNumOccurrences() ? tokenBlocks : overlap && on.ep > 1 ? 2 : 1;
+  };
+  meshOptions(mesh, epCapacityFactor, sequenceParallel);
   if (overlap && mesh.single())
     errs() << "moec: warning: --overlap has no effect without a --mesh\n";
   // Experts split over ep are whole on every tp rank: without sequence parallel each tp rank
@@ -434,8 +443,6 @@ int runCompile(int argc, char **argv) {
   // mesh without pp; the stages are simulated: it scales to any mesh), and, for a mesh small
   // enough to plan here, the collectives of each pipeline stage's plan.
   bool meshReport = emit == Action::Report && !mesh.single() && (mesh.tp > 1 || mesh.pp > 1);
-  if (!mesh.single() && !meshReport)
-    options.mesh = mesh.str();
   constexpr int64_t kPlannedReportRanks = 64;
   mlir::OwningOpRef<mlir::ModuleOp> planned, source;
   if (meshReport && mesh.size() <= kPlannedReportRanks)
@@ -445,12 +452,11 @@ int runCompile(int argc, char **argv) {
   mlir::PassManager pm(&context);
   if (failed(mlir::applyPassManagerCLOptions(pm)))
     return fail("bad pass manager options");
-  // A mesh report starts with the single-rank program: no tensor-parallel options there (the
-  // slice and the stages' plans below take them), nor the memory cap, which caps a rank of the
-  // planned mesh, not this program or the slice (the estimate says whether the mesh fits).
+  // A mesh report starts with the single-rank program (the slice and the stages' plans below
+  // take the mesh), without the memory cap, which caps a rank of the planned mesh, not this
+  // program or the slice (the estimate says whether the mesh fits).
   if (meshReport) {
-    options.sequenceParallel = false;
-    options.tpReplicate.clear();
+    meshOptions(moec::moe::MeshShape{}, 0, false);
     options.memoryCap = "";
   }
   moec::pipelines::buildLoRATrainingPipeline(pm, options);
@@ -505,15 +511,7 @@ int runCompile(int argc, char **argv) {
     auto planSlice = [&](const moec::compiler::SliceChoice &choice) -> mlir::FailureOr<moec::compiler::Program> {
       moec::moe::MeshShape slice = choice.mesh;
       slice.pp = 1;
-      options.mesh = slice.single() ? "" : slice.str();
-      options.sequenceParallel = choice.sequenceParallel && slice.tp > 1;
-      options.tpReplicate.clear();
-      if (slice.tp > 1)
-        options.tpReplicate = tpReplicate;
-      options.epCapacityFactor = slice.ep > 1 ? choice.epCapacityFactor : 0;
-      options.tokenBlocks = tokenBlocks.getNumOccurrences() ? tokenBlocks : overlap && slice.ep > 1 ? 2 : 1;
-      if (slice.ep < 2)
-        options.tokenBlocks = 1;
+      meshOptions(slice, choice.epCapacityFactor, choice.sequenceParallel);
       sliceModules.push_back(source->clone());
       // A placement is for the command's ep: another ep places experts consecutively.
       if (slice.ep != mesh.ep)
@@ -540,11 +538,7 @@ int runCompile(int argc, char **argv) {
     moec::compiler::printMeshReport(model, *slice, mesh, estimate, planSlice, output->os());
   }
   if (planned) {
-    options.mesh = mesh.str();
-    options.sequenceParallel = sequenceParallel;
-    options.tpReplicate = tpReplicate;
-    options.epCapacityFactor = epCapacityFactor;
-    options.tokenBlocks = tokenBlocks.getNumOccurrences() || !overlap || mesh.ep < 2 ? tokenBlocks : 2;
+    meshOptions(mesh, epCapacityFactor, sequenceParallel);
     options.memoryCap = memoryCap;
     mlir::PassManager meshPm(&context);
     moec::pipelines::buildLoRATrainingPipeline(meshPm, options);
