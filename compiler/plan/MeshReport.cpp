@@ -73,7 +73,9 @@ Facts analyze(const Program &program, const moe::MeshShape &mesh) {
     }
     if (step.phase == plan::FORWARD)
       lastForward = i;
-    f.recomputes |= step.phase == plan::RECOMPUTE;
+    // A recomputed kernel; sequence parallel alone gathers the regions' inputs again (a
+    // collective in the recompute phase), which is not --recompute.
+    f.recomputes |= step.phase == plan::RECOMPUTE && step.collective.empty();
     for (int out : step.outputs)
       if (producer[out] < 0)
         producer[out] = i;
@@ -560,6 +562,8 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
       flags += " --ep-capacity-factor " + factor(c.epCapacityFactor);
     if (c.sequenceParallel)
       flags += " --sequence-parallel";
+    if (c.recomputeLayers)
+      flags += " --recompute per-layer";
     return flags;
   };
   // Prints the choice if its worst stage is below `beat` (the mesh's own by default) and
@@ -573,7 +577,7 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
     mlir::FailureOr<Program> other;
     const Program *slice = facts.program;
     if (a.str() != b.str() || choice.epCapacityFactor != now.epCapacityFactor ||
-        choice.sequenceParallel != now.sequenceParallel) {
+        choice.sequenceParallel != now.sequenceParallel || choice.recomputeLayers != now.recomputeLayers) {
       if (!plan)
         return current;
       other = plan(choice);
@@ -589,9 +593,13 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
     const StageEstimate &worst = estimate.stages[estimate.worstMemoryStage];
     if (worst.memory.total() >= beat)
       return worst.memory.total(); // no help (a capacity factor at ep = 2: its bound is the worst case)
-    os << llvm::formatv("  {0} ({1} GPUs; {2}): worst stage {3} GB, {4}\n", flagsOf(choice),
-                        analysis::withCommas(choice.mesh.size()), why, gb(worst.memory.total()),
-                        estimate.fits ? "fits" : "over by " + gb(-estimate.marginBytes) + " GB");
+    // What it costs too: a choice that fits may send or compute much more (recompute).
+    const StageEstimate &slowest = estimate.stages[estimate.slowestCommStage];
+    os << llvm::formatv("  {0} ({1} GPUs; {2}): worst stage {3} GB, {4}; per GPU per step {5:F1} s of "
+                        "communication, {6:F0} TFLOP\n",
+                        flagsOf(choice), analysis::withCommas(choice.mesh.size()), why, gb(worst.memory.total()),
+                        estimate.fits ? "fits" : "over by " + gb(-estimate.marginBytes) + " GB",
+                        slowest.commSeconds, slowest.flopsPerGpu / 1e12);
     return worst.memory.total();
   };
   int64_t rows = current;
@@ -628,11 +636,18 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
     c.mesh.tp *= 2;
     tryChoice(c, "splits heads and features further");
   }
+  // Recompute keeps only the layers' inputs and routing: worth a try where activations weigh,
+  // on its own and with the rows and room choices above where they helped.
   const MemoryByRole &worst = e.stages[e.worstMemoryStage].memory;
-  if (!facts.recomputes && worst.activation * 5 > worst.total())
-    os << llvm::formatv("  --recompute per-layer: activations are {0} GB of the worst stage; recompute "
-                        "keeps only layer inputs and routing\n",
-                        gb(worst.activation));
+  if (!facts.recomputes && worst.activation * 5 > worst.total()) {
+    SliceChoice c = now;
+    c.recomputeLayers = true;
+    int64_t alone = tryChoice(c, "keeps only the layers' inputs and routing");
+    c.sequenceParallel = rows < current || now.sequenceParallel;
+    c.epCapacityFactor = bounded < current ? 2 : now.epCapacityFactor;
+    if (c.sequenceParallel != now.sequenceParallel || c.epCapacityFactor != now.epCapacityFactor)
+      tryChoice(c, "with the above", std::min({alone, rows, bounded}));
+  }
 }
 
 } // namespace
@@ -654,7 +669,7 @@ void printMeshReport(moe::ModelOp model, const Program &slice, const moe::MeshSh
                       e.tokensPerMicroBatch, slice.seqLen, slice.microBatch, e.microBatches,
                       analysis::withCommas(e.globalTokensPerStep));
   os << "recompute: " << (e.recomputes ? "yes" : "none") << "; sequence parallel: "
-     << (facts.sequenceParallel ? "yes" : "no");
+     << (facts.sequenceParallel ? "yes (the backward gathers the regions' inputs again)" : "no");
   if (mesh.ep > 1) {
     std::string room = facts.unboundedRoutes ? "every token of every rank"
                        : facts.boundedRoutes ? factor(options.epCapacityFactor) + " x what uniform routing sends a rank"

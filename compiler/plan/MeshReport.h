@@ -46,6 +46,7 @@ struct SliceChoice {
   moe::MeshShape mesh;
   double epCapacityFactor = 0;
   bool sequenceParallel = false;
+  bool recomputeLayers = false; // --recompute per-layer (else the command's --recompute)
 };
 
 /// Plans the slice of another choice, for the suggestions of a report whose mesh does not

@@ -20,6 +20,7 @@
 #include "compiler/plan/Program.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "gtest/gtest.h"
 
 namespace moec::compiler {
@@ -300,6 +301,7 @@ TEST_F(MeshReportTest, TensorParallelSplitsWhatThePassSplits) {
   }
   EXPECT_EQ(r.stages[0].memory.activation, arena(*rows, plan::ACTIVATION));
   EXPECT_LT(r.stages[0].memory.activation, mem.activation);
+  EXPECT_FALSE(r.recomputes); // the gathers again, no layer
   EXPECT_EQ(r.stages[0].memory.weight, mem.weight);
 }
 
@@ -453,6 +455,7 @@ TEST_F(MeshReportTest, SaysWhetherItFitsAndWhatWould) {
     c.mayFail = true;
     c.sequenceParallel = choice.sequenceParallel;
     c.epCapacityFactor = choice.epCapacityFactor;
+    c.recompute = choice.recomputeLayers ? "per-layer" : "none";
     planned.push_back(compile(c));
     if (!planned.back())
       return mlir::failure();
@@ -472,6 +475,20 @@ TEST_F(MeshReportTest, SaysWhetherItFitsAndWhatWould) {
   EXPECT_EQ(text.find("ep=4"), std::string::npos) << text;
   // tp = 4 does not split the 4 heads and 2 key/value heads: said, not estimated.
   EXPECT_NE(text.find("--mesh dp=2,tp=4,pp=2,ep=2: does not plan"), std::string::npos) << text;
+  // Activations are most of the tiny model's stage: recompute is planned and estimated.
+  Choice recompute{mesh};
+  recompute.recompute = "per-layer";
+  std::unique_ptr<Compiled> recomputed = compile(recompute);
+  ASSERT_NE(recomputed, nullptr);
+  MeshEstimate r = estimateMesh(recomputed->program, mesh, small);
+  std::string line = llvm::formatv("--mesh dp=2,tp=2,pp=2,ep=2 --recompute per-layer (16 GPUs; keeps only the "
+                                   "layers' inputs and routing): worst stage {0:F2} GB",
+                                   r.stages[r.worstMemoryStage].memory.total() / 1e9)
+                         .str();
+  EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  EXPECT_NE(text.find("--mesh dp=2,tp=2,pp=2,ep=2 --sequence-parallel --recompute per-layer (16 GPUs; with the above)"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("expert_send"), std::string::npos) << text;
   EXPECT_NE(text.find("assumptions:"), std::string::npos) << text;
 }

@@ -512,6 +512,7 @@ int runCompile(int argc, char **argv) {
       moec::moe::MeshShape slice = choice.mesh;
       slice.pp = 1;
       meshOptions(slice, choice.epCapacityFactor, choice.sequenceParallel);
+      options.recompute = choice.recomputeLayers ? "per-layer" : recompute.getValue();
       sliceModules.push_back(source->clone());
       // A placement is for the command's ep: another ep places experts consecutively.
       if (slice.ep != mesh.ep)

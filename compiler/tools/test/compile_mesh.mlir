@@ -161,10 +161,12 @@
 // SEED: fits in 141 GB: no
 // SEED: to fit, try (same micro-batch):
 // SEED: --mesh dp=16,tp=8,pp=4,ep=32 --ep-capacity-factor 2 --sequence-parallel (16,384 GPUs; both): worst stage {{[0-9.]+}} GB, fits
+// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --recompute per-layer (16,384 GPUs; keeps only the layers' inputs and routing): worst stage {{[0-9.]+}} GB, fits
+// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --ep-capacity-factor 2 --sequence-parallel --recompute per-layer (16,384 GPUs; with the above): worst stage {{[0-9.]+}} GB, fits
 // SEED: communication per step per GPU
 // SEED: all_reduce        LoRA gradients        step
 // SEED: expert_send       tokens to experts
-// SEED-FITS: recompute: yes; sequence parallel: yes; expert exchange room: 2 x what uniform routing sends a rank
+// SEED-FITS: recompute: none; sequence parallel: yes (the backward gathers the regions' inputs again); expert exchange room: 2 x what uniform routing sends a rank
 // SEED-FITS: fits in 141 GB: yes
 // SEED-FITS-NOT: to fit, try
 // SEED-FITS: reduce_scatter    sequence parallel
