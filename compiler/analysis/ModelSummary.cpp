@@ -2,6 +2,8 @@
 
 #include "compiler/analysis/ModelSummary.h"
 
+#include <algorithm>
+
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/Format.h"
 
@@ -61,11 +63,11 @@ std::string humanCount(int64_t n) {
   return out;
 }
 
-double tokenShareOfRank(int64_t experts, int64_t topK, int64_t ranks) {
+double tokenShareOfRank(int64_t experts, int64_t topK, int64_t ranks, int64_t expertsOnRank) {
   if (ranks <= 1 || experts <= 0)
     return 1.0;
   double none = 1.0; // no expert of the token on that rank: all k picked among the others
-  int64_t elsewhere = experts - experts / ranks;
+  int64_t elsewhere = experts - std::min(experts, expertsOnRank > 0 ? expertsOnRank : experts / ranks);
   for (int64_t i = 0; i < topK; ++i)
     none *= elsewhere > i ? double(elsewhere - i) / double(experts - i) : 0.0;
   return 1.0 - none;

@@ -38,8 +38,10 @@ void printSummary(const ModelSummary &summary, llvm::raw_ostream &os);
 
 /// Expert parallel with `ranks` ranks of `experts / ranks` consecutive experts: the expected
 /// share of a rank's tokens that go to one given rank (at least one of the token's `topK`
-/// distinct experts is there), with uniform routing: 1 - C(E - E/n, k) / C(E, k).
-double tokenShareOfRank(int64_t experts, int64_t topK, int64_t ranks);
+/// distinct experts is there), with uniform routing: 1 - C(E - m, k) / C(E, k), m = E/n.
+/// `expertsOnRank` > 0 gives m (a placement that replicates experts holds more on a rank: an
+/// upper bound, as a replicated expert's copies split over its replicas).
+double tokenShareOfRank(int64_t experts, int64_t topK, int64_t ranks, int64_t expertsOnRank = 0);
 
 /// Expert parallel's exchange on `--ep-exchange=auto`: every token to every rank (fixed
 /// message sizes: no rank waits for its tokens' experts on the host) when a token has an expert

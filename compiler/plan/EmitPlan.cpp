@@ -94,14 +94,6 @@ plan::Collective::Kind collectiveKind(const std::string &name) {
 /// One stage's program as a rank of the plan (rank 0's coordinates; emitPlan sets each
 /// rank's own), and the axes of its groups in first-use order (a pipeline exchange's key
 /// names its pair of stages: "pp@0-1").
-/// The model's expert placement of a layer (moec --expert-placement): the experts of every ep
-/// rank in turn; empty: consecutive ranges.
-ArrayRef<int64_t> placementOf(moe::ModelOp model, int layer) {
-  auto placement = model->getAttrOfType<DictionaryAttr>("expert_placement");
-  auto table = placement && layer >= 0 ? placement.getAs<DenseI64ArrayAttr>(std::to_string(layer)) : nullptr;
-  return table ? table.asArrayRef() : ArrayRef<int64_t>{};
-}
-
 plan::Rank rankOf(moe::ModelOp model, const Program &program, std::vector<std::string> &groupKeys) {
   plan::Rank rank;
   rank.set_num_streams(static_cast<uint32_t>(program.numStreams));

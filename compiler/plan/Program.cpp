@@ -343,13 +343,15 @@ private:
   struct Room {
     int64_t tokens = 0, copies = 0;
   };
-  static Room routeRoom(moe::EpRouteOp route, int64_t tokens) {
+  /// A placement of layer `layer` that replicates experts holds more than E / ranks on a rank.
+  Room routeRoom(moe::EpRouteOp route, int64_t tokens, int layer) const {
     int64_t ranks = route.getRanks();
     int64_t k = cast<RankedTensorType>(route.getIndices().getType()).getDimSize(1);
     Room room{tokens * ranks, tokens * ranks * k};
     if (FloatAttr attr = route.getCapacityFactorAttr()) {
       double factor = attr.getValueAsDouble();
-      double share = analysis::tokenShareOfRank(route.getNumExperts(), k, ranks);
+      int64_t placed = static_cast<int64_t>(placementOf(model, layer).size()) / ranks;
+      double share = analysis::tokenShareOfRank(route.getNumExperts(), k, ranks, placed);
       room.tokens = std::min<int64_t>(room.tokens, std::max<int64_t>(1, std::ceil(factor * ranks * tokens * share)));
       room.copies = std::min<int64_t>(room.tokens * k, std::max<int64_t>(1, std::ceil(factor * tokens * k)));
     }
@@ -357,8 +359,8 @@ private:
   }
 
   /// The concrete shape of result `index` of `op`: only the leading (token) dimension is dynamic.
-  FailureOr<std::vector<int64_t>> shapeOf(Operation *op, unsigned index,
-                                          const llvm::DenseMap<Value, int> &values) {
+  FailureOr<std::vector<int64_t>> shapeOf(Operation *op, unsigned index, const llvm::DenseMap<Value, int> &values,
+                                          int layer) {
     auto type = cast<RankedTensorType>(op->getResult(index).getType());
     std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
     if (type.hasStaticShape())
@@ -378,7 +380,7 @@ private:
       // One row per (token, expert) pair; of received tokens, the route's room for copies.
       rows = indices.roomCopies > 0 ? indices.roomCopies : indices.shape.at(0) * indices.shape.at(1);
     } else if (auto route = dyn_cast<moe::EpRouteOp>(op)) {
-      rows = routeRoom(route, rowsOf(route.getIndices())).tokens;
+      rows = routeRoom(route, rowsOf(route.getIndices()), layer).tokens;
     } else if (auto send = dyn_cast<moe::EpSendOp>(op)) {
       rows = routeOf(send.getLayout()).shape.at(0); // the route's room, in its received order
     } else if (auto back = dyn_cast<moe::EpReturnOp>(op)) {
@@ -516,7 +518,7 @@ private:
       }
       if (isa<moe::TpEnterOp, moe::TpExitOp, moe::TpGatherOp, moe::TpSliceOp, moe::TpSumOp>(op)) {
         int in = values.lookup(op.getOperand(0));
-        FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values);
+        FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values, context.layer);
         if (failed(shape))
           return failure();
         std::string kernel = op.getName().stripDialect().str();
@@ -550,7 +552,7 @@ private:
         if (Value sent = exchange.getSend())
           inputs.push_back(values.lookup(sent));
         if (Value received = exchange.getReceived()) {
-          FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values);
+          FailureOr<std::vector<int64_t>> shape = shapeOf(&op, 0, values, context.layer);
           if (failed(shape))
             return failure();
           outputs.push_back(newBuffer("stage" + std::to_string(exchange.getPeer()) + "." +
@@ -574,7 +576,7 @@ private:
         inputs.push_back(it->second);
       }
       for (unsigned i = 0; i < op.getNumResults(); ++i) {
-        FailureOr<std::vector<int64_t>> shape = shapeOf(&op, i, values);
+        FailureOr<std::vector<int64_t>> shape = shapeOf(&op, i, values, context.layer);
         if (failed(shape))
           return failure();
         std::string name = (context.layer >= 0 ? "layer" + std::to_string(context.layer) + "." : "") +
@@ -590,7 +592,7 @@ private:
         outputs.push_back(id);
         if (auto route = dyn_cast<moe::EpRouteOp>(op); route && i == 0) {
           int64_t tokens = program.buffers[inputs.at(0)].shape.at(0);
-          program.buffers[id].roomCopies = routeRoom(route, tokens).copies;
+          program.buffers[id].roomCopies = routeRoom(route, tokens, context.layer).copies;
           program.buffers[id].tokensPerRank = tokens;
         }
         followReceivedRows(&op, i, id, values);
@@ -766,6 +768,12 @@ void placeByLiveness(Program &program, const std::vector<int> &ids) {
 }
 
 } // namespace
+
+ArrayRef<int64_t> placementOf(moe::ModelOp model, int layer) {
+  auto placement = model->getAttrOfType<DictionaryAttr>("expert_placement");
+  auto table = placement && layer >= 0 ? placement.getAs<DenseI64ArrayAttr>(std::to_string(layer)) : nullptr;
+  return table ? table.asArrayRef() : ArrayRef<int64_t>{};
+}
 
 int pipelineStages(moe::ModelOp model) {
   auto pipeline = model->getAttrOfType<DictionaryAttr>("pipeline");

@@ -121,6 +121,10 @@ struct Program {
 mlir::FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch, int stage = 0);
 
 /// Pipeline stages of `model` (its `pipeline` attribute; 1 without) and micro-batches per step.
+/// The model's expert placement of a layer (moec --expert-placement): the experts of every ep
+/// rank in turn; empty: consecutive ranges.
+llvm::ArrayRef<int64_t> placementOf(moe::ModelOp model, int layer);
+
 int pipelineStages(moe::ModelOp model);
 int64_t pipelineMicroBatches(moe::ModelOp model);
 

@@ -24,6 +24,22 @@
 // RUN: python3 %inputs/same_losses.py %t/bounded/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
 // RUN:   | FileCheck %s --check-prefix=SAME
 //
+// A placement that replicates experts (three of the eight on each of the four ranks, each
+// expert on one or two): a rank holds more experts, so more tokens may have one there. The
+// room follows the placement: 1 - C(5,2)/C(8,2) = 9/14, ceil(1.5 x 4 x 32 x 9/14) = 124
+// received tokens; still 96 copies (every copy goes to one replica). It trains like one rank.
+// RUN: echo '{"layers": {"0": [[0,1,2],[2,3,4],[4,5,6],[6,7,0]], "1": [[0,1,2],[2,3,4],[4,5,6],[6,7,0]]}}' \
+// RUN:   > %t/replicated.json
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 \
+// RUN:     --mesh ep=4 --ep-capacity-factor 1.5 --expert-placement %t/replicated.json --emit=plan-text \
+// RUN:   | FileCheck %s --check-prefix=REPLICATED
+// RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 \
+// RUN:     --mesh ep=4 --ep-capacity-factor 1.5 --expert-placement %t/replicated.json -o %t/replicated.moeplan
+// RUN: moe-run train --plan %t/replicated.moeplan --random-weights 3 --data %inputs/train.jsonl \
+// RUN:     --out %t/replicated --steps 3 --nproc 4 2>/dev/null
+// RUN: python3 %inputs/same_losses.py %t/replicated/metrics.jsonl %t/single/metrics.jsonl 1e-5 \
+// RUN:   | FileCheck %s --check-prefix=SAME
+//
 // Routing more uneven than the room: top-1 of 8 experts, 2 tokens per rank over ep = 2 (the
 // routing train_expert_route_empty.mlir shows, where one rank's experts get every token). At
 // F = 1 the room is ceil(2 x 2 x 1/2) = 2 tokens and 2 copies; the first MoE layer sends one
@@ -59,6 +75,8 @@
 // ROOM: i32 [90,2] {{.*}}"layer0.ep_route.{{[0-9]+}}#0" rows_of %[[R:[0-9]+]]
 // ROOM: f32 [90,96] {{.*}}"layer0.ep_send.{{[0-9]+}}" rows_of %[[R]]
 // ROOM: f32 [96,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]
+// REPLICATED: i32 [124,2] {{.*}}"layer0.ep_route.{{[0-9]+}}#0" rows_of %[[R:[0-9]+]]
+// REPLICATED: f32 [96,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]
 // WHOLE: i32 [128,2] {{.*}}"layer0.ep_route.{{[0-9]+}}#0" rows_of %[[R:[0-9]+]]
 // WHOLE: f32 [256,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]
 // SAME: 3 steps agree within 1e-05
