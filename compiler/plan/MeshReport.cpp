@@ -562,6 +562,8 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
       flags += " --ep-capacity-factor " + factor(c.epCapacityFactor);
     if (c.sequenceParallel)
       flags += " --sequence-parallel";
+    else if (c.mesh.tp > 1 && c.mesh.ep > 1)
+      flags += " --sequence-parallel=false"; // moec's default there is on
     if (c.recomputeLayers)
       flags += " --recompute per-layer";
     return flags;

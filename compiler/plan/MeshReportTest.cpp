@@ -474,14 +474,14 @@ TEST_F(MeshReportTest, SaysWhetherItFitsAndWhatWould) {
   EXPECT_EQ(text.find("--ep-capacity-factor 2"), std::string::npos) << text;
   EXPECT_EQ(text.find("ep=4"), std::string::npos) << text;
   // tp = 4 does not split the 4 heads and 2 key/value heads: said, not estimated.
-  EXPECT_NE(text.find("--mesh dp=2,tp=4,pp=2,ep=2: does not plan"), std::string::npos) << text;
+  EXPECT_NE(text.find("--mesh dp=2,tp=4,pp=2,ep=2 --sequence-parallel=false: does not plan"), std::string::npos) << text;
   // Activations are most of the tiny model's stage: recompute is planned and estimated.
   Choice recompute{mesh};
   recompute.recompute = "per-layer";
   std::unique_ptr<Compiled> recomputed = compile(recompute);
   ASSERT_NE(recomputed, nullptr);
   MeshEstimate r = estimateMesh(recomputed->program, mesh, small);
-  std::string line = llvm::formatv("--mesh dp=2,tp=2,pp=2,ep=2 --recompute per-layer (16 GPUs; keeps only the "
+  std::string line = llvm::formatv("--mesh dp=2,tp=2,pp=2,ep=2 --sequence-parallel=false --recompute per-layer (16 GPUs; keeps only the "
                                    "layers' inputs and routing): worst stage {0:F2} GB",
                                    r.stages[r.worstMemoryStage].memory.total() / 1e9)
                          .str();

@@ -265,7 +265,9 @@ int runCompile(int argc, char **argv) {
       "sequence-parallel",
       cl::desc("With tp > 1 in --mesh: between the split attention and MLP regions each tp rank holds only its "
                "rows of the hidden states (norms, residual adds and routers on T / tp rows; a region gathers "
-               "its input's rows and leaves through a reduce-scatter instead of an all-reduce)"));
+               "its input's rows and leaves through a reduce-scatter instead of an all-reduce). Default: on "
+               "where tp and ep combine and the step's tokens split over tp (without it every tp rank "
+               "routes and computes every token); =false never"));
   cl::opt<bool> overlap(
       "overlap",
       cl::desc("On a mesh: issue the expert exchange and the per-layer gradient sums on a second stream, "
@@ -423,16 +425,23 @@ int runCompile(int argc, char **argv) {
     options.epCapacityFactor = on.ep > 1 ? capacity : 0;
     options.tokenBlocks = tokenBlocks.getNumOccurrences() ? tokenBlocks : overlap && on.ep > 1 ? 2 : 1;
   };
-  meshOptions(mesh, epCapacityFactor, sequenceParallel);
+  // Experts split over ep are whole on every tp rank: without sequence parallel each tp rank
+  // holds every token, so each routes and computes all of them (tp times the expert work, the
+  // exchange's bytes and its room). So it is on by default there, where the tokens split.
+  bool tpAndEp = mesh.tp > 1 && mesh.ep > 1;
+  bool rowsSplit = seqLen * microBatch % std::max<int64_t>(1, mesh.tp) == 0;
+  bool sequenceRows = sequenceParallel.getNumOccurrences() ? sequenceParallel.getValue() : tpAndEp && rowsSplit;
+  meshOptions(mesh, epCapacityFactor, sequenceRows);
   if (overlap && mesh.single())
     errs() << "moec: warning: --overlap has no effect without a --mesh\n";
-  // Experts split over ep are whole on every tp rank: without sequence parallel each tp rank
-  // holds every token, so each routes and computes all of them (tp times the expert work).
-  if (mesh.tp > 1 && mesh.ep > 1 && !sequenceParallel)
-    errs() << "moec: warning: with tp and ep and without --sequence-parallel every tp rank routes every token "
-              "to the experts (tp = "
-           << mesh.tp << " times the expert work, the exchange's bytes and its room); --sequence-parallel "
-                         "gives each tp rank its rows\n";
+  if (tpAndEp && !sequenceRows)
+    errs() << "moec: warning: without sequence parallel ("
+           << (sequenceParallel.getNumOccurrences() ? std::string("--sequence-parallel=false")
+                                                    : "the " + std::to_string(seqLen * microBatch) +
+                                                          " tokens of a step do not split over tp = " +
+                                                          std::to_string(mesh.tp))
+           << ") every tp rank routes every token to the experts (tp = " << mesh.tp
+           << " times the expert work, the exchange's bytes and its room)\n";
   if (pipelineMicroBatches.getNumOccurrences() && mesh.pp == 1)
     errs() << "moec: warning: --pipeline-micro-batches has no effect without pp > 1 in --mesh\n";
   options.fuse = !noFuse;
@@ -527,7 +536,7 @@ int runCompile(int argc, char **argv) {
         return mlir::failure();
       return std::move(programs->front());
     };
-    mlir::FailureOr<moec::compiler::Program> slice = planSlice({mesh, epCapacityFactor, sequenceParallel});
+    mlir::FailureOr<moec::compiler::Program> slice = planSlice({mesh, epCapacityFactor, sequenceRows});
     if (failed(slice))
       return fail("planning " + inputPath + " on --mesh " + mesh.str() +
                   " without pp, for the report, failed (see the diagnostics above)");
@@ -539,7 +548,7 @@ int runCompile(int argc, char **argv) {
     moec::compiler::printMeshReport(model, *slice, mesh, estimate, planSlice, output->os());
   }
   if (planned) {
-    meshOptions(mesh, epCapacityFactor, sequenceParallel);
+    meshOptions(mesh, epCapacityFactor, sequenceRows);
     options.memoryCap = memoryCap;
     mlir::PassManager meshPm(&context);
     moec::pipelines::buildLoRATrainingPipeline(meshPm, options);

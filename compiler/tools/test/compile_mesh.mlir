@@ -6,7 +6,7 @@
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --lora-rank 4 \
 // RUN:   --seq-len 96 --micro-batch 1 --mesh dp=2,ep=2 --emit=plan-text | FileCheck %s
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
-// RUN:   --mesh dp=2,tp=2,pp=2,ep=2 --emit=report | FileCheck %s --check-prefix=REPORT
+// RUN:   --mesh dp=2,tp=2,pp=2,ep=2 --sequence-parallel=false --emit=report 2>/dev/null | FileCheck %s --check-prefix=REPORT
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj --seq-len 96 \
 // RUN:   --mesh dp=2,ep=2 --emit=report | FileCheck %s --check-prefix=PLANREPORT
 // RUN: moec compile %inputs/golden_qwen3_moe.json --lora-targets q_proj,o_proj --lora-rank 4 --seq-len 96 \
@@ -22,12 +22,14 @@
 // RUN: moec compile %root/models/qwen3-30b-a3b/config.json --seq-len 1024 --mesh ep=4,pp=2,tp=2 --sequence-parallel \
 // RUN:     --ep-capacity-factor 1.5 --emit=report 2>/dev/null | FileCheck %s --check-prefix=FIXED-ROOM
 // RUN: moec compile %root/models/qwen3-30b-a3b/config.json --seq-len 8192 --micro-batch 4 --mesh tp=2,pp=2,ep=2 \
-// RUN:     --ep-exchange routed --emit=report 2>/dev/null | FileCheck %s --check-prefix=NO-HELP
+// RUN:     --ep-exchange routed --sequence-parallel=false --emit=report 2>/dev/null | FileCheck %s --check-prefix=NO-HELP
 // RUN: moec compile %root/models/qwen3-30b-a3b/config.json --seq-len 4096 --mesh tp=2,pp=2,ep=2 --sequence-parallel \
 // RUN:     --ep-exchange routed --ep-capacity-factor 1.5 --memory-cap 60GB --emit=report | FileCheck %s --check-prefix=CAPPED
-// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 -o %t.moeplan 2>&1 \
-// RUN:   | FileCheck %s --check-prefix=TPEP
-// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 --sequence-parallel -o %t.moeplan 2>&1 \
+// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 --sequence-parallel=false \
+// RUN:     -o %t.moeplan 2>&1 | FileCheck %s --check-prefix=TPEP
+// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 95 --mesh tp=2,ep=2 -o %t.moeplan 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=TPEP-ODD
+// RUN: moec compile %inputs/golden_qwen3_moe.json --seq-len 96 --mesh tp=2,ep=2 --emit=plan-text 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TPEP-SP
 // RUN: not moec compile %inputs/golden_qwen3_moe.json --mesh ep=2,ep=4 2>&1 \
 // RUN:   | FileCheck %s --check-prefix=TWICE
@@ -61,7 +63,7 @@
 // CHECK: group 0 ep [2,3]
 // CHECK: bind %{{[0-9]+}} "model.layers.0.mlp.experts.{expert}.gate_proj.weight" first_expert=0
 
-// The estimate plans the mesh without pp (dp=2,tp=2,ep=2) and splits its layers over the two
+// Without sequence parallel (a tp all-reduce): the estimate plans the mesh without pp (dp=2,tp=2,ep=2) and splits its layers over the two
 // stages: each stage's collectives run once per micro-batch (4), the gradient sums once a step.
 // REPORT: mesh dp=2,tp=2,pp=2,ep=2: 16 GPUs
 // REPORT: recompute: none; sequence parallel: no; expert exchange room: every token of every rank
@@ -138,6 +140,9 @@
 // NO-HELP-NOT: --ep-capacity-factor
 // NO-HELP: --mesh tp=2,pp=2,ep=2 --sequence-parallel (8 GPUs
 // NO-HELP-NOT: --ep-capacity-factor
+// A suggestion without sequence parallel says so: moec's default with tp and ep is on.
+// NO-HELP: --mesh tp=2,pp=4,ep=2 --sequence-parallel=false (16 GPUs
+// NO-HELP-NOT: --ep-capacity-factor
 // NO-HELP: communication per step per GPU
 // The memory cap caps a rank of the planned mesh: the report's one-rank program and slice
 // do not take it, and the plan's stages do.
@@ -145,23 +150,24 @@
 // CAPPED: the plan's own collectives, pipeline stage 0 of 2:
 
 // Experts split over ep are whole on every tp rank: without sequence parallel both tp ranks
-// route every token.
-// TPEP: moec: warning: with tp and ep and without --sequence-parallel every tp rank routes every token to the experts (tp = 2 times the expert work, the exchange's bytes and its room)
+// route every token. So moec turns it on with tp and ep, where the step's tokens split over tp.
+// TPEP: moec: warning: without sequence parallel (--sequence-parallel=false) every tp rank routes every token to the experts (tp = 2 times the expert work, the exchange's bytes and its room)
+// TPEP-ODD: moec: warning: without sequence parallel (the 95 tokens of a step do not split over tp = 2) every tp rank routes every token
 // TPEP-SP-NOT: warning
-// TPEP-SP: moec: wrote
+// TPEP-SP: reduce_scatter
 
-// The 2.76T seed case on 16,384 GPUs: as planned by default it does not fit (the expert
-// exchange keeps room for every token of 32 ranks, and without sequence parallel every tp rank
-// routes every token); the report plans the alternatives and finds the pair that fits.
+// The 2.76T seed case on 16,384 GPUs: as planned by default (sequence parallel, as with tp and
+// ep) it does not fit: the expert exchange keeps room for every token of 32 ranks. The report
+// plans the alternatives and finds those that fit, each with its cost.
 // SEED: mesh dp=16,tp=8,pp=4,ep=32: 16,384 GPUs (2,048 nodes of 8)
-// SEED: expert exchange room: every token of every rank
+// SEED: recompute: none; sequence parallel: yes (the backward gathers the regions' inputs again); expert exchange room: every token of every rank
 // SEED: memory per GPU (GB = 1e9 bytes):
 // SEED: routed experts
 // SEED: optimizer_state
 // SEED: fits in 141 GB: no
 // SEED: to fit, try (same micro-batch):
-// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --ep-capacity-factor 2 --sequence-parallel (16,384 GPUs; both): worst stage {{[0-9.]+}} GB, fits
-// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --recompute per-layer (16,384 GPUs; keeps only the layers' inputs and routing): worst stage {{[0-9.]+}} GB, fits
+// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --ep-capacity-factor 2 --sequence-parallel (16,384 GPUs; room for twice the expert rows balanced routing sends, not every token of every rank): worst stage {{[0-9.]+}} GB, fits; per GPU per step {{[0-9.]+}} s of communication, {{[0-9]+}} TFLOP
+// SEED: --mesh dp=16,tp=8,pp=4,ep=32 --sequence-parallel --recompute per-layer (16,384 GPUs; keeps only the layers' inputs and routing): worst stage {{[0-9.]+}} GB, fits
 // SEED: --mesh dp=16,tp=8,pp=4,ep=32 --ep-capacity-factor 2 --sequence-parallel --recompute per-layer (16,384 GPUs; with the above): worst stage {{[0-9.]+}} GB, fits
 // SEED: communication per step per GPU
 // SEED: all_reduce        LoRA gradients        step
