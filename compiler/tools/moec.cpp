@@ -549,6 +549,7 @@ int runCompile(int argc, char **argv) {
   }
   if (planned) {
     meshOptions(mesh, epCapacityFactor, sequenceRows);
+    options.recompute = recompute; // a suggestion's slice may have planned another
     options.memoryCap = memoryCap;
     mlir::PassManager meshPm(&context);
     moec::pipelines::buildLoRATrainingPipeline(meshPm, options);

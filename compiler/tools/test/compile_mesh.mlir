@@ -144,6 +144,10 @@
 // NO-HELP: --mesh tp=2,pp=4,ep=2 --sequence-parallel=false (16 GPUs
 // NO-HELP-NOT: --ep-capacity-factor
 // NO-HELP: communication per step per GPU
+// The plan's own stages take the command's --recompute (none), not a suggestion's.
+// NO-HELP: the plan's own collectives, pipeline stage 0 of 2:
+// NO-HELP-NOT: recompute
+// NO-HELP: the plan's own collectives, pipeline stage 1 of 2:
 // The memory cap caps a rank of the planned mesh: the report's one-rank program and slice
 // do not take it, and the plan's stages do.
 // CAPPED: fits in 141 GB: yes
