@@ -196,4 +196,38 @@ double rankImbalance(const std::vector<int64_t> &load, const std::vector<int64_t
   return total > 0 ? busiest * ranks / total : 1.0;
 }
 
+double otherRanksPerToken(int64_t experts, int64_t topK, int64_t ranks, const std::vector<int64_t> &placement) {
+  if (ranks <= 1 || experts <= 0)
+    return 0.0;
+  std::vector<int64_t> consecutive;
+  if (placement.empty()) {
+    for (int64_t e = 0; e < experts / ranks * ranks; ++e)
+      consecutive.push_back(e);
+  }
+  const std::vector<int64_t> &placed = placement.empty() ? consecutive : placement;
+  int64_t perRank = static_cast<int64_t>(placed.size()) / ranks;
+  std::vector<int64_t> replicas(static_cast<size_t>(experts), 0);
+  std::vector<std::vector<bool>> holds(static_cast<size_t>(ranks), std::vector<bool>(static_cast<size_t>(experts)));
+  for (int64_t at = 0; at < perRank * ranks; ++at)
+    if (placed[at] >= 0 && placed[at] < experts) {
+      ++replicas[placed[at]];
+      holds[at / perRank][placed[at]] = true;
+    }
+  double sum = 0.0;
+  for (int64_t me = 0; me < ranks; ++me)
+    for (int64_t r = 0; r < ranks; ++r) {
+      if (r == me)
+        continue;
+      double w = 0.0; // the experts a token of `me` goes to r for: r's share of each `me` lacks
+      for (int64_t e = 0; e < experts; ++e)
+        if (holds[r][e] && !holds[me][e])
+          w += 1.0 / double(replicas[e]);
+      double none = 1.0;
+      for (int64_t i = 0; i < topK && i < experts; ++i)
+        none *= std::max(0.0, (double(experts - i) - w) / double(experts - i));
+      sum += 1.0 - none;
+    }
+  return sum / double(ranks);
+}
+
 } // namespace moec::analysis

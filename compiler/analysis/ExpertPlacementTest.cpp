@@ -49,6 +49,25 @@ TEST(ExpertPlacementTest, SpareSlotsReplicateTheBusiestExperts) {
   EXPECT_TRUE(balancedPlacement(hot, 2, 3).empty()); // six slots for eight experts
 }
 
+TEST(ExpertPlacementTest, OtherRanksPerTokenWithoutReplicas) {
+  // Top-2 of 8 experts, 4 a rank: the other rank gets a token unless both its experts are
+  // here, 1 - (4/8)(3/7) = 11/14; the same for the placement that lists those ranges.
+  EXPECT_DOUBLE_EQ(otherRanksPerToken(8, 2, 2, {}), 11.0 / 14);
+  EXPECT_DOUBLE_EQ(otherRanksPerToken(8, 2, 2, {4, 5, 6, 7, 0, 1, 2, 3}), 11.0 / 14);
+  EXPECT_DOUBLE_EQ(otherRanksPerToken(8, 2, 1, {}), 0.0);
+}
+
+TEST(ExpertPlacementTest, OtherRanksPerTokenWithReplicas) {
+  // Top-1 of 4 experts, rank 0 holds 0,1,2 and rank 1 holds 2,3,0: a token leaves its rank
+  // only for the one expert that is not there (3 from rank 0, 1 from rank 1): 1/4 (consecutive
+  // ranges would send half).
+  EXPECT_DOUBLE_EQ(otherRanksPerToken(4, 1, 2, {0, 1, 2, 2, 3, 0}), 0.25);
+  // Three ranks {0,1} {2,3} {3,0}: rank 0 sends expert 2 to rank 1 and expert 3 half to rank 1,
+  // half to rank 2 (0.5 a token); rank 1 sends 1 to rank 0 and 0 half to each (0.5); rank 2
+  // sends 1 to rank 0 and 2 to rank 1 (0.5).
+  EXPECT_DOUBLE_EQ(otherRanksPerToken(4, 1, 3, {0, 1, 2, 3, 3, 0}), 0.5);
+}
+
 TEST(ExpertPlacementTest, EveryRankHoldsItsShare) {
   std::vector<int64_t> load(128);
   for (size_t e = 0; e < load.size(); ++e)

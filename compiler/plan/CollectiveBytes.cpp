@@ -6,7 +6,6 @@
 #include <cmath>
 #include <map>
 
-#include "compiler/analysis/ModelSummary.h"
 #include "llvm/ADT/SmallVector.h"
 #include "mlir/IR/BuiltinAttributes.h"
 
@@ -30,18 +29,12 @@ bool sendsEveryToken(const Program &program) {
 
 std::vector<int64_t> collectiveSentBytes(const Program &program, const moe::MeshShape &mesh) {
   // The expert exchange sends a token's row to each other rank that holds one of its experts:
-  // tokenShareOfRank of them under uniform routing, or all of them (all_tokens). Per route,
+  // the route's otherRanksPerToken (uniform routing; every other rank: all_tokens). Per route,
   // by its layout buffer (its sends and returns read it).
-  std::map<int, double> shareOf;
+  std::map<int, double> ranksPerTokenOf;
   for (const ProgramStep &step : program.steps)
-    if (step.collective == "expert_route" && step.outputs.size() > 1) {
-      double share = 1.0;
-      if (auto experts = step.attrs ? step.attrs.getAs<mlir::IntegerAttr>("num_experts") : nullptr;
-          experts && !step.attrs.get("all_tokens"))
-        share = analysis::tokenShareOfRank(experts.getInt(), program.buffers[step.inputs[0]].shape.at(1),
-                                           groupSize(mesh, step.axis));
-      shareOf[step.outputs[1]] = share;
-    }
+    if (step.collective == "expert_route" && step.outputs.size() > 1)
+      ranksPerTokenOf[step.outputs[1]] = program.buffers[step.outputs[0]].otherRanksPerToken;
   std::vector<int64_t> sent(program.steps.size(), 0);
   for (auto [index, step] : llvm::enumerate(program.steps)) {
     if (step.collective.empty())
@@ -65,9 +58,9 @@ std::vector<int64_t> collectiveSentBytes(const Program &program, const moe::Mesh
                                    double(program.buffers[step.outputs[0]].shape.at(0))
                              : double(program.buffers[step.inputs[0]].bytes);
       int layout = step.collective == "expert_route" ? step.outputs.back() : step.inputs.back();
-      auto known = shareOf.find(layout);
-      double share = known == shareOf.end() ? 1.0 : known->second;
-      bytes = static_cast<int64_t>(std::llround(tokenSide * share * double(n - 1)));
+      auto known = ranksPerTokenOf.find(layout);
+      double ranks = known == ranksPerTokenOf.end() ? double(n - 1) : known->second;
+      bytes = static_cast<int64_t>(std::llround(tokenSide * ranks));
     }
     sent[index] = bytes;
   }

@@ -4,7 +4,8 @@
 // numbers the plan's report and the mesh simulation both print: a ring all-reduce
 // sends 2(n-1)/n of its tensor, an all-gather n-1 times its input, a
 // reduce-scatter (n-1)/n of its input, a pipeline exchange what it sends, and the
-// expert exchange the token rows uniform routing sends to each other rank.
+// expert exchange the token rows uniform routing sends to the other ranks, as the layer's
+// expert placement (replicas included) spreads them.
 //
 //===----------------------------------------------------------------------===//
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 
+#include "compiler/analysis/ExpertPlacement.h"
 #include "compiler/analysis/ModelSummary.h"
 #include "compiler/plan/Flops.h"
 #include "dialects/moe/MeshShape.h"
@@ -594,6 +595,11 @@ private:
           int64_t tokens = program.buffers[inputs.at(0)].shape.at(0);
           program.buffers[id].roomCopies = routeRoom(route, tokens, context.layer).copies;
           program.buffers[id].tokensPerRank = tokens;
+          int64_t k = cast<RankedTensorType>(route.getIndices().getType()).getDimSize(1);
+          program.buffers[id].otherRanksPerToken =
+              route.getAllTokens() ? double(route.getRanks() - 1)
+                                   : analysis::otherRanksPerToken(route.getNumExperts(), k, route.getRanks(),
+                                                                  placementOf(model, context.layer).vec());
         }
         followReceivedRows(&op, i, id, values);
       }

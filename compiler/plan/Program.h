@@ -58,6 +58,9 @@ struct ProgramBuffer {
   /// routing fills `tokensPerRank` rows (this rank's own T) and T x k copies. FLOP counts of
   /// the buffers that follow the route (receivedRowsOf) use those rows.
   int64_t roomCopies = 0, tokensPerRank = 0;
+  /// And the other ranks a token goes to on average (uniform routing, the layer's placement;
+  /// ranks - 1 for a route that sends every token): the exchange's bytes (CollectiveBytes).
+  double otherRanksPerToken = 0;
   /// Expert parallel: the route's received-indices buffer whose received rows this buffer's
   /// rows follow (plan.proto Buffer.received_rows_of); -1 = none.
   int receivedRowsOf = -1;
@@ -120,11 +123,11 @@ struct Program {
 /// IR it cannot place (no step function, unknown ops).
 mlir::FailureOr<Program> buildProgram(moe::ModelOp model, int64_t seqLen, int64_t microBatch, int stage = 0);
 
-/// Pipeline stages of `model` (its `pipeline` attribute; 1 without) and micro-batches per step.
 /// The model's expert placement of a layer (moec --expert-placement): the experts of every ep
 /// rank in turn; empty: consecutive ranges.
 llvm::ArrayRef<int64_t> placementOf(moe::ModelOp model, int layer);
 
+/// Pipeline stages of `model` (its `pipeline` attribute; 1 without) and micro-batches per step.
 int pipelineStages(moe::ModelOp model);
 int64_t pipelineMicroBatches(moe::ModelOp model);
 

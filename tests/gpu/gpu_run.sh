@@ -26,8 +26,9 @@
 #                               gpt-oss, OLMoE and Nemotron-H (f32, bf16) on tp=2 and tp=2-sp, Qwen3-30B-A3B
 #                               and OLMoE-1B-7B shapes (4 layers, 4096 tokens) on tp=2-sp, the tiny
 #                               Qwen3-MoE on ep=2 with --ep-capacity-factor 1.75 (ep=2-cap; the golden
-#                               families' ep=2-cap plans are packed too: MESHES=ep=2-cap);
-#                               MESHES="" skips the mesh checks
+#                               families' ep=2-cap plans are packed too: MESHES=ep=2-cap, and
+#                               tp=2,ep=2: four ranks, sequence parallel as moec plans it by default
+#                               where tp and ep combine); MESHES="" skips the mesh checks
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16 (and bf16 with --fuse-lora, three in f32 with
@@ -111,7 +112,7 @@ if [ "${1:-}" = pack ]; then
   # pp=2: two stages, four micro-batches of one sequence per step (against one rank on four).
   for f in "${families[@]}"; do
     for dtype in float32 bfloat16; do
-      for mesh in dp=2 ep=2 ep=2-all ep=2-cap pp=2 tp=2 tp=2-sp ep=2-overlap dp=2-overlap; do
+      for mesh in dp=2 ep=2 ep=2-all ep=2-cap pp=2 tp=2 tp=2-sp tp=2,ep=2 ep=2-overlap dp=2-overlap; do
         # tp ranks share their sequences: both of the golden batch's, as on one GPU.
         batch=1; [ "${mesh%-sp}" = tp=2 ] && batch=2
         "$bin/compiler/tools/moec" compile "$golden/$f/config.json" --adapter "$golden/$f/adapter" \
