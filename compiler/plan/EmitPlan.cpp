@@ -221,6 +221,9 @@ FailureOr<plan::Plan> emitPlan(moe::ModelOp model, const std::vector<Program> &p
   mesh->set_pp(shape.pp);
   mesh->set_ep(shape.ep);
   mesh->set_sequence_parallel(model->hasAttr("sequence_parallel"));
+  if (shape.order != moe::MeshShape::kDefaultOrder)
+    for (StringRef axis : llvm::split(shape.order, ','))
+      mesh->add_rank_order(axis.str());
 
   for (const Program &each : programs)
     for (const ProgramBuffer &buffer : each.buffers)

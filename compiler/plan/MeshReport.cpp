@@ -9,6 +9,7 @@
 #include "compiler/analysis/ModelSummary.h"
 #include "compiler/plan/CollectiveBytes.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -184,16 +185,8 @@ Facts analyze(const Program &program, const moe::MeshShape &mesh) {
   return f;
 }
 
-/// Rank order: ep fastest, then dp, tp, pp (MeshShape).
-int64_t strideOf(const moe::MeshShape &mesh, llvm::StringRef axis) {
-  int64_t stride = 1;
-  for (const char *a : {"ep", "dp", "tp", "pp"}) {
-    if (axis == a)
-      return stride;
-    stride *= mesh.axisSize(a);
-  }
-  return stride;
-}
+/// The distance between neighbours on `axis` in the mesh's rank order.
+int64_t strideOf(const moe::MeshShape &mesh, llvm::StringRef axis) { return mesh.stride(axis.str()); }
 
 struct Group {
   int64_t size = 1, onNode = 1;
@@ -386,8 +379,8 @@ private:
     std::vector<std::string> lines;
     int64_t gpn = options.gpusPerNode;
     std::string axes;
-    for (const char *axis : {"ep", "dp", "tp", "pp"}) {
-      if (mesh.axisSize(axis) <= 1)
+    for (llvm::StringRef axis : llvm::split(mesh.order, ',')) {
+      if (mesh.axisSize(axis.str()) <= 1)
         continue;
       Group group = groupOf(mesh, axis, gpn);
       if (!axes.empty())
@@ -396,8 +389,10 @@ private:
                             group.crossesNodes ? "spans nodes" : "within a node")
                   .str();
     }
-    lines.push_back(llvm::formatv("ranks: ep fastest, then dp, tp, pp, {0} GPUs per node: {1}", gpn,
-                                  axes.empty() ? std::string("one rank") : axes)
+    lines.push_back(llvm::formatv("ranks: numbered {0} (the fastest first{1}), {2} GPUs per node: {3}",
+                                  mesh.order,
+                                  mesh.order == moe::MeshShape::kDefaultOrder ? ", moec's default" : ": --rank-order",
+                                  gpn, axes.empty() ? std::string("one rank") : axes)
                         .str());
     moe::MeshShape slice = mesh;
     slice.pp = 1;
@@ -508,7 +503,58 @@ void printMemory(const MeshEstimate &e, llvm::raw_ostream &os) {
                       worst.stage, gb(worst.memory.total()));
 }
 
-void printCommunication(const MeshEstimate &e, llvm::raw_ostream &os) {
+moe::MeshShape withOrder(moe::MeshShape mesh, const std::string &order) {
+  mesh.order = order;
+  return mesh;
+}
+
+/// The rank order whose slowest stage communicates least, and that time; the mesh's own
+/// unless another is faster by more than 1%. Of orders within 0.1% of the least, the one
+/// that swaps the fewest pairs of the mesh's own. The order only decides which groups share
+/// a node (what a collective costs), not what is sent.
+std::pair<std::string, double> cheapestRankOrder(const Facts &facts, const MeshEstimate &e) {
+  std::vector<std::string> own;
+  for (llvm::StringRef axis : llvm::split(e.mesh.order, ','))
+    own.push_back(axis.str());
+  auto swapsFromOwn = [&](const std::vector<std::string> &order) {
+    int swaps = 0;
+    for (size_t i = 0; i < order.size(); ++i)
+      for (size_t j = i + 1; j < order.size(); ++j)
+        swaps += std::find(own.begin(), own.end(), order[i]) > std::find(own.begin(), own.end(), order[j]);
+    return swaps;
+  };
+  std::vector<std::pair<std::vector<std::string>, double>> all;
+  std::vector<std::string> axes = {"dp", "ep", "pp", "tp"};
+  double least = 0;
+  do {
+    MeshEstimate estimate =
+        Estimator(facts, withOrder(e.mesh, llvm::join(axes, ",")), e.options).run();
+    double seconds = estimate.stages[estimate.slowestCommStage].commSeconds;
+    least = all.empty() ? seconds : std::min(least, seconds);
+    all.push_back({axes, seconds});
+  } while (std::next_permutation(axes.begin(), axes.end()));
+  double ownSeconds = e.stages[e.slowestCommStage].commSeconds;
+  if (least >= ownSeconds * 0.99)
+    return {e.mesh.order, ownSeconds};
+  const std::pair<std::vector<std::string>, double> *best = nullptr;
+  for (const auto &candidate : all)
+    if (candidate.second <= least * 1.001 && (!best || swapsFromOwn(candidate.first) < swapsFromOwn(best->first)))
+      best = &candidate;
+  return {llvm::join(best->first, ","), best->second};
+}
+
+/// The shortest --rank-order that means `order` (the axes left out follow in the default order).
+std::string shortestRankOrder(const std::string &order) {
+  std::string prefix, full, error;
+  for (llvm::StringRef axis : llvm::split(order, ',')) {
+    prefix += (prefix.empty() ? "" : ",") + axis.str();
+    if (moe::MeshShape::parseOrder(prefix, full, error) && full == order)
+      return prefix;
+  }
+  return order;
+}
+
+void printCommunication(const Facts &facts, const MeshEstimate &e, llvm::raw_ostream &os) {
   const StageEstimate &st = e.stages[e.slowestCommStage];
   os << "communication per step per GPU";
   if (e.stages.size() > 1)
@@ -530,18 +576,18 @@ void printCommunication(const MeshEstimate &e, llvm::raw_ostream &os) {
   }
   os << llvm::format("  %-15s %-21s %-9s %-8s %6s %7s %14s %-8s %10.2f\n", "total", "", "", "", "", "",
                      llvm::formatv("{0:F3}", bytes / 1e9).str().c_str(), "", st.commSeconds * 1e3);
-  // The ep-fastest order puts tp's ranks far apart: say what that costs.
-  double tpSeconds = 0, tpBytes = 0;
-  for (const CommEstimate &c : st.comm)
-    if (c.axis == "tp" && c.crossesNodes) {
-      tpSeconds += c.seconds;
-      tpBytes += c.bytes;
-    }
-  if (tpSeconds > 0)
-    os << llvm::formatv("  note: tp groups span nodes in this rank order (stride {0}); within a node their "
-                        "{1:F1} ms would be {2:F1} ms\n",
-                        strideOf(e.mesh, "tp"), tpSeconds * 1e3,
-                        tpBytes / e.options.intraNodeBytesPerSecond * 1e3);
+  // Which ranks share a node decides what runs over NVLink: say where another order is faster.
+  if (auto [order, seconds] = cheapestRankOrder(facts, e); order != e.mesh.order) {
+    std::string inNode;
+    moe::MeshShape better = withOrder(e.mesh, order);
+    for (llvm::StringRef axis : llvm::split(order, ','))
+      if (e.mesh.axisSize(axis.str()) > 1 && !groupOf(better, axis, e.options.gpusPerNode).crossesNodes)
+        inNode += (inNode.empty() ? "" : ", ") + axis.str();
+    os << llvm::formatv("  rank order: --rank-order {0} ({1} within a node) would take {2:F1} ms (this order "
+                        "{3}: {4:F1} ms)\n",
+                        shortestRankOrder(order), inNode.empty() ? std::string("no group") : inNode,
+                        seconds * 1e3, e.mesh.order, st.commSeconds * 1e3);
+  }
   if (e.stages.size() > 1) {
     os << "  ms by stage:";
     for (const StageEstimate &s : e.stages)
@@ -566,6 +612,8 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
       flags += " --sequence-parallel=false"; // moec's default there is on
     if (c.recomputeLayers)
       flags += " --recompute per-layer";
+    if (c.mesh.order != moe::MeshShape::kDefaultOrder)
+      flags += " --rank-order " + c.mesh.order;
     return flags;
   };
   // Prints the choice if its worst stage is below `beat` (the mesh's own by default) and
@@ -683,7 +731,7 @@ void printMeshReport(moe::ModelOp model, const Program &slice, const moe::MeshSh
   if (!e.fits)
     printSuggestions(facts, e, plan, os);
   os << "\n";
-  printCommunication(e, os);
+  printCommunication(facts, e, os);
   os << "\nassumptions:\n";
   for (const std::string &line : e.assumptions)
     os << "  - " << line << "\n";

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -352,16 +353,20 @@ TEST_F(MeshReportTest, PipelineStagesSplitLayersAndHoldMicroBatchesInFlight) {
 TEST_F(MeshReportTest, LinksFollowTheRankOrderAndStagesTheirLayersCollectives) {
   // 32 ranks, ep fastest: ep (stride 1) and dp (stride 4) stay in node 0, tp (stride 8) and
   // pp (stride 16) cross nodes, as does every group with tp.
+  // Every collective whose group `crosses` says crosses nodes does, at the network's speed.
+  auto expectLinks = [](const MeshEstimate &e, const std::function<bool(llvm::StringRef axis)> &crosses) {
+    ASSERT_EQ(e.stages.size(), 2u);
+    for (const StageEstimate &st : e.stages)
+      for (const CommEstimate &c : st.comm) {
+        EXPECT_EQ(c.crossesNodes, crosses(c.axis)) << c.collective << " " << c.axis;
+        if (!llvm::StringRef(c.collective).starts_with("expert_")) {
+          EXPECT_DOUBLE_EQ(c.seconds, c.bytes / (crosses(c.axis) ? 50e9 : 900e9)) << c.collective << " " << c.axis;
+        }
+      }
+  };
   moe::MeshShape mesh{/*dp=*/2, /*tp=*/2, /*pp=*/2, /*ep=*/4};
   MeshEstimate e = estimate(Choice{mesh});
-  ASSERT_EQ(e.stages.size(), 2u);
-  for (const StageEstimate &st : e.stages)
-    for (const CommEstimate &c : st.comm) {
-      bool crosses = llvm::StringRef(c.axis).contains("tp") || c.axis == "pp";
-      EXPECT_EQ(c.crossesNodes, crosses) << c.collective << " " << c.axis;
-      if (!llvm::StringRef(c.collective).starts_with("expert_"))
-        EXPECT_DOUBLE_EQ(c.seconds, c.bytes / (crosses ? 50e9 : 900e9)) << c.collective << " " << c.axis;
-    }
+  expectLinks(e, [](llvm::StringRef axis) { return axis.contains("tp") || axis == "pp"; });
   // Stage 0 holds layer 0's q/o adapters: q's B and o's A split over tp, summed over the 8
   // replicas of their slice (dp x ep); q's A and o's B whole, their partial gradients summed
   // over all 16 ranks of dp x ep x tp. Once a step, whatever the micro-batches.
@@ -379,6 +384,20 @@ TEST_F(MeshReportTest, LinksFollowTheRankOrderAndStagesTheirLayersCollectives) {
   const CommEstimate *sums = find(e.stages[1], "all_reduce", "fwd", "tp");
   ASSERT_NE(sums, nullptr);
   EXPECT_EQ(sums->count, 4);
+
+  // The same ranks numbered tp, pp, ep, dp (--rank-order tp,pp): tp (stride 1) and the pipeline
+  // pair (stride 2) stay in node 0, ep (stride 4: ranks 0, 4, 8, 12) and dp (stride 16) cross.
+  moe::MeshShape reordered = mesh;
+  reordered.order = "tp,pp,ep,dp";
+  MeshEstimate r = estimate(Choice{reordered});
+  expectLinks(r, [](llvm::StringRef axis) { return axis.contains("ep") || axis.contains("dp"); });
+  ASSERT_EQ(r.stages.size(), e.stages.size());
+  // The order moves no bytes: only which link carries them.
+  for (size_t s = 0; s < e.stages.size(); ++s) {
+    ASSERT_EQ(r.stages[s].comm.size(), e.stages[s].comm.size());
+    for (size_t i = 0; i < e.stages[s].comm.size(); ++i)
+      EXPECT_EQ(r.stages[s].comm[i].bytes, e.stages[s].comm[i].bytes);
+  }
 
   // ep=8 on nodes of 4 GPUs spans two nodes: 3 of the 7 peers share the node, 4 are across.
   MeshOptions small;

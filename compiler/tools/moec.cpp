@@ -234,6 +234,12 @@ int runCompile(int argc, char **argv) {
                "is per rank); --emit=report lists its collectives, and for a mesh with tp or pp "
                "estimates per-GPU memory and communication by simulation (then, up to 64 ranks, "
                "each pipeline stage's planned collectives)"));
+  cl::opt<std::string> rankOrder(
+      "rank-order", cl::value_desc("AXES"),
+      cl::desc("With --mesh: how ranks are numbered, the fastest-varying axis first, e.g. tp,ep (axes left out "
+               "follow in the default order ep, dp, tp, pp). Ranks 0-7 share a node of 8 GPUs, so the axes "
+               "listed first keep their collectives on NVLink; --emit=report says where another order "
+               "communicates faster"));
   cl::opt<int64_t> pipelineMicroBatches(
       "pipeline-micro-batches",
       cl::desc("With pp > 1: micro-batches (of --micro-batch sequences) per step on each pipeline, "
@@ -324,6 +330,10 @@ int runCompile(int argc, char **argv) {
   moec::moe::MeshShape mesh;
   if (std::string error; !moec::moe::MeshShape::parse(meshText, mesh, error))
     return fail("--mesh '" + meshText + "': " + error);
+  if (std::string error; !rankOrder.empty() && !moec::moe::MeshShape::parseOrder(rankOrder, mesh.order, error))
+    return fail("--rank-order '" + rankOrder + "': " + error);
+  if (!rankOrder.empty() && mesh.single())
+    errs() << "moec: warning: --rank-order has no effect without a --mesh\n";
   if (epExchange != "auto" && epExchange != "routed" && epExchange != "all")
     return fail("--ep-exchange must be auto, routed or all, got '" + epExchange + "'");
   char factorText[32];
@@ -417,7 +427,7 @@ int runCompile(int argc, char **argv) {
   // the flags were checked against the command's mesh above): --overlap splits the exchange in
   // two token blocks unless --token-blocks says otherwise.
   auto meshOptions = [&](const moec::moe::MeshShape &on, double capacity, bool rows) {
-    options.mesh = on.single() ? "" : on.str();
+    options.mesh = on.single() ? "" : on.spec();
     options.sequenceParallel = rows && on.tp > 1;
     options.tpReplicate.clear();
     if (on.tp > 1)

@@ -2,8 +2,10 @@
 
 #include "dialects/moe/MeshShape.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 namespace moec::moe {
 
@@ -18,8 +20,58 @@ std::string MeshShape::str() const {
   return single() ? "dp=1" : os.str();
 }
 
-bool MeshShape::parse(const std::string &text, MeshShape &out, std::string &error) {
+namespace {
+
+std::vector<std::string> split(const std::string &text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ','))
+    items.push_back(item);
+  return items;
+}
+
+} // namespace
+
+std::string MeshShape::spec() const {
+  return order == kDefaultOrder ? str() : str() + ";order=" + order;
+}
+
+bool MeshShape::parseOrder(const std::string &text, std::string &out, std::string &error) {
+  std::vector<std::string> axes;
+  for (const std::string &axis : split(text)) {
+    if (axis != "dp" && axis != "tp" && axis != "pp" && axis != "ep") {
+      error = "'" + axis + "' is not an axis (dp, tp, pp, ep); a rank order lists axes, the fastest first";
+      return false;
+    }
+    if (std::find(axes.begin(), axes.end(), axis) != axes.end()) {
+      error = "axis " + axis + " is listed twice";
+      return false;
+    }
+    axes.push_back(axis);
+  }
+  for (const std::string &axis : split(kDefaultOrder))
+    if (std::find(axes.begin(), axes.end(), axis) == axes.end())
+      axes.push_back(axis);
+  out.clear();
+  for (const std::string &axis : axes)
+    out += (out.empty() ? "" : ",") + axis;
+  return true;
+}
+
+bool MeshShape::parse(const std::string &whole, MeshShape &out, std::string &error) {
   MeshShape mesh;
+  std::string text = whole;
+  if (size_t semi = whole.find(';'); semi != std::string::npos) {
+    text = whole.substr(0, semi);
+    std::string rest = whole.substr(semi + 1);
+    if (rest.rfind("order=", 0) != 0) {
+      error = "'" + rest + "' after ';' is not order=AXES";
+      return false;
+    }
+    if (!parseOrder(rest.substr(6), mesh.order, error))
+      return false;
+  }
   bool seen[4] = {false, false, false, false};
   std::stringstream items(text);
   std::string item;
@@ -56,15 +108,18 @@ int64_t MeshShape::axisSize(const std::string &axis) const {
   return axis == "dp" ? dp : axis == "tp" ? tp : axis == "pp" ? pp : axis == "ep" ? ep : 1;
 }
 
-int64_t MeshShape::coordinate(int64_t rank, const std::string &axis) const {
-  // ep fastest, then dp, tp, pp.
+int64_t MeshShape::stride(const std::string &axis) const {
   int64_t stride = 1;
-  for (const char *a : {"ep", "dp", "tp", "pp"}) {
+  for (const std::string &a : split(order)) {
     if (axis == a)
-      return (rank / stride) % axisSize(a);
+      return stride;
     stride *= axisSize(a);
   }
-  return 0;
+  return stride;
+}
+
+int64_t MeshShape::coordinate(int64_t rank, const std::string &axis) const {
+  return (rank / stride(axis)) % axisSize(axis);
 }
 
 } // namespace moec::moe

@@ -2,8 +2,9 @@
 //
 // `--mesh dp=2,ep=2` on moec and the sharding pass; the model carries it as
 // the `moe.mesh` attribute once the sharding pass ran. Rank r's coordinates
-// run ep fastest, then dp, tp, pp (experts of one group sit on neighbouring
-// GPUs, where the all-to-all is cheapest).
+// run ep fastest, then dp, tp, pp by default (experts of one group sit on
+// neighbouring GPUs, where the all-to-all is cheapest); `--rank-order tp,ep`
+// puts other axes first (tp's collectives, every layer's, within a node).
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,18 +18,30 @@ namespace moec::moe {
 
 struct MeshShape {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1;
+  /// How ranks are numbered: the four axes, the fastest-varying first.
+  std::string order = kDefaultOrder;
+  static constexpr const char *kDefaultOrder = "ep,dp,tp,pp";
 
   int64_t size() const { return dp * tp * pp * ep; }
   bool single() const { return size() == 1; }
-  /// "dp=2,ep=2" (axes of size 1 left out; "dp=1" for a single rank).
+  /// "dp=2,ep=2" (axes of size 1 left out; "dp=1" for a single rank), as --mesh takes it.
   std::string str() const;
+  /// str(), then ";order=tp,ep,dp,pp" unless the order is the default: the form the model's
+  /// `mesh` attribute and the sharding pass's option hold.
+  std::string spec() const;
   /// Parses "dp=2,tp=1,ep=4" (any order, each axis at most once, sizes >= 1; empty = one
-  /// rank). On failure returns false and says why in `error`.
+  /// rank), optionally followed by ";order=AXES" (parseOrder). On failure returns false and
+  /// says why in `error`.
   static bool parse(const std::string &text, MeshShape &out, std::string &error);
+  /// Parses a rank order, "tp,ep": distinct axes, the fastest first; the axes left out follow
+  /// in their default order (ep, dp, tp, pp). `out` gets all four ("tp,ep,dp,pp").
+  static bool parseOrder(const std::string &text, std::string &out, std::string &error);
 
-  /// Rank r's coordinate along `axis` ("dp", "tp", "pp", "ep"), and the size of that axis.
+  /// Rank r's coordinate along `axis` ("dp", "tp", "pp", "ep"), the size of that axis, and
+  /// the distance between ranks one apart on it.
   int64_t coordinate(int64_t rank, const std::string &axis) const;
   int64_t axisSize(const std::string &axis) const;
+  int64_t stride(const std::string &axis) const;
 };
 
 } // namespace moec::moe

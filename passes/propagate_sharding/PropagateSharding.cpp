@@ -46,7 +46,7 @@ struct PropagateShardingPass : impl::PropagateShardingPassBase<PropagateSharding
       return signalPassFailure();
     }
     OpBuilder b(model.getContext());
-    model->setAttr("mesh", b.getStringAttr(shape.str()));
+    model->setAttr("mesh", b.getStringAttr(shape.spec()));
     if (epExchange != "auto" && epExchange != "routed" && epExchange != "all") {
       model.emitError("--moe-propagate-sharding: ep-exchange must be auto, routed or all, got '")
           << epExchange << "'";

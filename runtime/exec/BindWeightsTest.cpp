@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "runtime/exec/Device.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/plan/PlanFormat.h"
 #include "runtime/weights/Checkpoint.h"
 #include "runtime/weights/SafetensorsWriter.h"
 
@@ -37,7 +38,7 @@ protected:
   plan::Plan planFor(const std::string &tensor, std::vector<int64_t> shape, std::vector<int64_t> experts,
                      std::vector<std::pair<int64_t, int64_t>> slice = {}) {
     plan::Plan plan;
-    plan.set_version(1);
+    plan.set_version(plan::kPlanVersion);
     plan.set_seq_len(1);
     plan.set_micro_batch(1);
     plan.set_recompute("none");

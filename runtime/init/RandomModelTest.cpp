@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/plan/PlanFormat.h"
 #include "runtime/weights/Checkpoint.h"
 #include "runtime/weights/Safetensors.h"
 #include "runtime/weights/TestSupport.h"
@@ -49,7 +50,7 @@ constexpr char kExperts[] = "model.layers.0.mlp.experts.{expert}.up_proj.weight"
 /// One rank with a little of everything the rules care about.
 plan::Plan smallPlan() {
   plan::Plan plan;
-  plan.set_version(1);
+  plan.set_version(plan::kPlanVersion);
   plan.set_model_type("qwen3_moe");
   plan::Rank &rank = *plan.add_ranks();
   addBuffer(rank, plan::WEIGHT, {32, 16}, "model.embed_tokens.weight");

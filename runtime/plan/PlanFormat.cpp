@@ -21,6 +21,22 @@ int64_t dtypeSize(DType dtype) {
   }
 }
 
+int meshCoordinate(const Mesh &mesh, int rank, std::string_view axis) {
+  auto sizeOf = [&](std::string_view a) {
+    int32_t size = a == "dp" ? mesh.dp() : a == "tp" ? mesh.tp() : a == "pp" ? mesh.pp() : a == "ep" ? mesh.ep() : 1;
+    return size > 0 ? size : 1;
+  };
+  static const char *const kDefault[] = {"ep", "dp", "tp", "pp"};
+  int stride = 1;
+  for (int i = 0; i < 4; ++i) {
+    std::string_view a = mesh.rank_order_size() == 4 ? std::string_view(mesh.rank_order(i)) : kDefault[i];
+    if (a == axis)
+      return (rank / stride) % sizeOf(a);
+    stride *= sizeOf(a);
+  }
+  return 0;
+}
+
 const char *roleName(Role role) {
   switch (role) {
   case ROLE_UNSPECIFIED:

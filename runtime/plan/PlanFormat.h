@@ -11,13 +11,14 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "runtime/plan/plan.pb.h"
 
 namespace moec::plan {
 
 /// The one version this runtime reads; see the versioning rule in plan.proto.
-constexpr uint32_t kPlanVersion = 1;
+constexpr uint32_t kPlanVersion = 2;
 
 /// Bytes per element; 0 for DTYPE_UNSPECIFIED and values outside the enum.
 int64_t dtypeSize(DType dtype);
@@ -30,6 +31,10 @@ const char *roleName(Role role);
 const char *dtypeName(DType dtype);
 const char *phaseName(Phase phase);
 const char *collectiveKindName(Collective::Kind kind);
+
+/// Rank `rank`'s coordinate along `axis` ("dp", "tp", "pp", "ep") of `mesh`, numbered in its
+/// rank_order (ep, dp, tp, pp when empty); 0 for an axis of size 1 or another name.
+int meshCoordinate(const Mesh &mesh, int rank, std::string_view axis);
 
 /// "[4096,2048]"; "[]" for a scalar.
 std::string shapeToString(const google::protobuf::RepeatedField<int64_t> &shape);

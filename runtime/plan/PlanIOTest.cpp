@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/plan/PlanFormat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "runtime/plan/TestPlan.h"
 #include "gmock/gmock.h"
@@ -152,7 +153,7 @@ TEST(PlanIO, LoadingADirectoryNamesThePath) {
 
 TEST(PlanIO, LoadingAnInvalidPlanPrefixesThePath) {
   Plan plan = testing::makeValidPlan();
-  plan.set_version(2);
+  plan.set_version(kPlanVersion + 1);
   std::string path = tempPath("future.moeplan");
   ASSERT_TRUE(savePlan(plan, path).ok());
   absl::StatusOr<Plan> loaded = loadPlan(path);
@@ -160,7 +161,7 @@ TEST(PlanIO, LoadingAnInvalidPlanPrefixesThePath) {
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
   std::string message(loaded.status().message());
   EXPECT_THAT(message, StartsWith(path + ": invalid plan: 1 problem(s)"));
-  EXPECT_THAT(message, HasSubstr("version is 2, expected 1"));
+  EXPECT_THAT(message, HasSubstr("version is 3, expected 2"));
 }
 
 } // namespace

@@ -190,7 +190,10 @@ std::string planToText(const Plan &plan) {
   const Mesh &mesh = plan.mesh();
   auto axis = [](int32_t size) { return size == 0 ? 1 : size; };
   absl::StrAppend(&out, "mesh dp=", axis(mesh.dp()), " tp=", axis(mesh.tp()), " pp=", axis(mesh.pp()),
-                  " ep=", axis(mesh.ep()), " world=", plan.ranks_size(), " recompute=", plan.recompute(), "\n");
+                  " ep=", axis(mesh.ep()), " world=", plan.ranks_size(), " recompute=", plan.recompute());
+  if (mesh.rank_order_size())
+    absl::StrAppend(&out, " rank_order=", absl::StrJoin(mesh.rank_order(), ","));
+  absl::StrAppend(&out, "\n");
 
   if (plan.has_optimizer()) {
     const Optimizer &opt = plan.optimizer();

@@ -22,7 +22,7 @@ std::vector<std::string> linesOf(const Plan &plan) { return absl::StrSplit(planT
 TEST(PlanText, Header) {
   std::vector<std::string> lines = linesOf(testing::makeValidPlan());
   ASSERT_GE(lines.size(), 4u);
-  EXPECT_EQ(lines[0], "plan v1 model=Qwen3MoeForCausalLM model_type=qwen3_moe seq=128x2");
+  EXPECT_EQ(lines[0], "plan v2 model=Qwen3MoeForCausalLM model_type=qwen3_moe seq=128x2");
   EXPECT_EQ(lines[1], "mesh dp=1 tp=2 pp=1 ep=1 world=2 recompute=per-layer");
   EXPECT_EQ(lines[2], "optimizer adamw lr=0.0001 betas=0.9,0.999 eps=1e-08 weight_decay=0 warmup=10/100 "
                       "schedule=cosine min_lr_ratio=0.1 max_grad_norm=1");

@@ -151,6 +151,13 @@ void checkHeader(const Plan &plan, Problems &problems) {
       break;
     }
   }
+  if (mesh.rank_order_size()) {
+    std::vector<std::string> order(mesh.rank_order().begin(), mesh.rank_order().end()), sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted != std::vector<std::string>{"dp", "ep", "pp", "tp"})
+      problems.add("mesh.rank_order is ", absl::StrJoin(order, ","),
+                   ", expected each of dp, tp, pp, ep once (the fastest first; empty: ep,dp,tp,pp)");
+  }
   if (meshOk && product != plan.ranks_size()) {
     auto axis = [](int32_t size) { return size == 0 ? 1 : size; };
     problems.add("mesh dp x tp x pp x ep is ", axis(mesh.dp()), "x", axis(mesh.tp()), "x",

@@ -75,7 +75,34 @@ TEST_F(PlanValidatorTest, ForwardOnlyPlanNeedsNoOptimizerOrLora) {
 
 TEST_F(PlanValidatorTest, RejectsWrongVersion) {
   plan.set_version(kPlanVersion + 1);
-  EXPECT_THAT(messageOf(plan), AllOf(StartsWith("invalid plan: 1 problem(s)\n"), HasSubstr("version is 2, expected 1")));
+  EXPECT_THAT(messageOf(plan), AllOf(StartsWith("invalid plan: 1 problem(s)\n"), HasSubstr("version is 3, expected 2")));
+}
+
+TEST_F(PlanValidatorTest, RejectsARankOrderWithoutEachAxisOnce) {
+  for (const char *axis : {"tp", "ep", "dp", "tp"})
+    plan.mutable_mesh()->add_rank_order(axis);
+  EXPECT_THAT(messageOf(plan), HasSubstr("mesh.rank_order is tp,ep,dp,tp, expected each of dp, tp, pp, ep once "
+                                         "(the fastest first; empty: ep,dp,tp,pp)"));
+  plan.mutable_mesh()->set_rank_order(3, "pp");
+  EXPECT_EQ(messageOf(plan), "OK");
+}
+
+TEST(MeshCoordinate, FollowsTheRankOrder) {
+  Mesh mesh;
+  mesh.set_dp(2);
+  mesh.set_tp(2);
+  mesh.set_ep(2);
+  // The default order, ep fastest: rank 5 = 1 + 2*(0 + 2*1) is ep 1, dp 0, tp 1.
+  EXPECT_EQ(meshCoordinate(mesh, 5, "ep"), 1);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "dp"), 0);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "tp"), 1);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "pp"), 0);
+  // tp, then ep: rank 5 = 1 + 2*(0 + 2*1) is tp 1, ep 0, dp 1.
+  for (const char *axis : {"tp", "ep", "dp", "pp"})
+    mesh.add_rank_order(axis);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "tp"), 1);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "ep"), 0);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "dp"), 1);
 }
 
 TEST_F(PlanValidatorTest, RejectsNoRanks) {

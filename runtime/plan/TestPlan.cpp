@@ -23,6 +23,8 @@
 #include <string>
 #include <utility>
 
+#include "runtime/plan/PlanFormat.h"
+
 namespace moec::plan::testing {
 
 uint32_t addTestBuffer(Rank &rank, const std::string &name, Role role, DType dtype,
@@ -170,7 +172,7 @@ void buildRank(Plan &plan, int r) {
 
 Plan makeValidPlan() {
   Plan plan;
-  plan.set_version(1);
+  plan.set_version(kPlanVersion);
   plan.set_model("Qwen3MoeForCausalLM");
   plan.set_model_type("qwen3_moe");
   plan.set_seq_len(128);

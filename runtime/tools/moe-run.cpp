@@ -369,9 +369,16 @@ absl::StatusOr<bool> anyRankStops(Session &session, bool mine) {
   return *stops > 0;
 }
 
-/// The data shard a rank trains on: dp and ep ranks each see their own sequences.
+/// The data shards: dp and ep ranks each see their own sequences.
 int64_t dataShards(const moec::plan::Plan &plan) {
   return std::max(1, plan.mesh().dp()) * std::max(1, plan.mesh().ep());
+}
+
+/// The data shard `rank` trains on: its (dp, ep) coordinates, ep fastest (tp ranks and
+/// pipeline stages share theirs).
+int64_t dataShardOf(const moec::plan::Plan &plan, int rank) {
+  return moec::plan::meshCoordinate(plan.mesh(), rank, "dp") * std::max(1, plan.mesh().ep()) +
+         moec::plan::meshCoordinate(plan.mesh(), rank, "ep");
 }
 
 /// This rank's rows of a global batch (`shards` shards of `rows` sequences each).
@@ -521,7 +528,7 @@ int runTrain(Args &args, const RankSetup &setup) {
   if (!dataset.ok())
     return fail(std::string(dataset.status().message()));
   // Every rank reads the same global batches and trains on its shard of each.
-  int64_t shards = dataShards(session.plan), shard = setup.rank % shards;
+  int64_t shards = dataShards(session.plan), shard = dataShardOf(session.plan, setup.rank);
   data::LoaderOptions loaderOptions;
   // A pipeline stage's step takes several micro-batches at once.
   int64_t rows = session.plan.micro_batch() * std::max<int64_t>(1, session.plan.micro_batches());
@@ -739,7 +746,7 @@ int runBench(Args &args, const RankSetup &setup) {
                    std::max<int64_t>(1, session.plan.micro_batches()); // a pipeline: all its micro-batches
   // Each data shard its own tokens (tp ranks and pipeline stages share theirs).
   int64_t shards = dataShards(session.plan);
-  std::mt19937_64 rng(static_cast<uint64_t>(seed) + static_cast<uint64_t>(setup.rank % shards));
+  std::mt19937_64 rng(static_cast<uint64_t>(seed) + static_cast<uint64_t>(dataShardOf(session.plan, setup.rank)));
   Batch batch;
   for (int64_t t = 0; t < tokens; ++t) {
     batch.ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(vocab, 1))));

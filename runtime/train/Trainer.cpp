@@ -30,15 +30,19 @@ bool isForwardDispatch(const plan::Step &step) {
 Trainer::Trainer(Executor &executor) : executor(executor) {
   const plan::Plan &plan = executor.planProto();
   const plan::Rank &rank = executor.rankPlan();
-  // Ranks are numbered ep fastest, then dp, tp, pp. A pipeline stage's ranks hold its
-  // layers' tensors, a tp rank its part of the split ones; the layout lists each tensor (or
-  // part) under the first rank that holds it.
-  int ep = std::max(1, plan.mesh().ep()), dp = std::max(1, plan.mesh().dp());
+  // Ranks are numbered in the mesh's rank order (ep fastest, then dp, tp, pp by default). A
+  // pipeline stage's ranks hold its layers' tensors, a tp rank its part of the split ones; the
+  // layout lists each tensor (or part) under the first rank that holds it.
+  int ep = std::max(1, plan.mesh().ep());
   int tp = std::max(1, plan.mesh().tp()), pp = std::max(1, plan.mesh().pp());
-  int world = std::max(1, plan.ranks_size()), perStage = std::max(1, world / pp);
-  auto stageOf = [&](int r) { return r / perStage; };
-  auto tpOf = [&](int r) { return (r / (ep * dp)) % tp; };
-  auto epOf = [&](int r) { return r % ep; };
+  int world = std::max(1, plan.ranks_size());
+  auto stageOf = [&](int r) { return plan::meshCoordinate(plan.mesh(), r, "pp"); };
+  auto tpOf = [&](int r) { return plan::meshCoordinate(plan.mesh(), r, "tp"); };
+  auto epOf = [&](int r) { return plan::meshCoordinate(plan.mesh(), r, "ep"); };
+  // One rank of each stage (the lowest), whose program stands for its stage's.
+  std::vector<int> stageRanks(static_cast<size_t>(pp), -1);
+  for (int r = world - 1; r >= 0; --r)
+    stageRanks[static_cast<size_t>(stageOf(r))] = r;
   rankIndex = rank.rank();
   int stage = stageOf(rankIndex);
   gathering = pp > 1 || tp > 1;
@@ -84,7 +88,7 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   // With ep > 1 a rank's dispatch counts the tokens its experts received (from every rank of
   // its ep group), its part of the slot.
   std::map<int, size_t> dispatches;
-  for (int r = 0; r < world; r += perStage) {
+  for (int r : stageRanks) {
     std::map<int, size_t> here;
     for (const plan::Step &step : plan.ranks(r).steps())
       if (isForwardDispatch(step)) {
@@ -101,7 +105,7 @@ Trainer::Trainer(Executor &executor) : executor(executor) {
   }
   loadDispatches = dispatches;
   // Each MoE layer's placement, from the routes of every stage (the loads above cover them all).
-  for (int r = 0; r < world; r += perStage)
+  for (int r : stageRanks)
     for (const plan::Step &step : plan.ranks(r).steps())
       if (step.has_collective() && step.collective().kind() == plan::Collective::EXPERT_ROUTE &&
           step.phase() == plan::FORWARD && !placedExperts.count(step.layer())) {

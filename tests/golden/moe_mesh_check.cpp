@@ -28,8 +28,9 @@
 // both plans with moec's flag of that name. --recompute compiles
 // the mesh plan with that policy (moec --recompute; the single rank saves
 // everything), so what the backward keeps is checked under the mesh too.
-// --expert-placement, --token-blocks, --overlap, --sequence-parallel and --tp-replicate compile the
-// mesh plan with moec's flags of those names (which experts each ep rank holds, ...).
+// --expert-placement, --token-blocks, --overlap, --sequence-parallel, --tp-replicate and
+// --rank-order compile the mesh plan with moec's flags of those names (which experts each ep rank
+// holds, ...).
 //
 //===----------------------------------------------------------------------===//
 
@@ -49,6 +50,7 @@
 #include "dialects/moe/MeshShape.h"
 #include "runtime/backends/cuda/CudaDevice.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/plan/PlanFormat.h"
 #include "runtime/plan/PlanIO.h"
 #include "runtime/tools/Args.h"
 #include "runtime/tools/Moec.h"
@@ -174,7 +176,8 @@ int main(int argc, char **argv) {
   std::string singlePath = args.get("plan"), meshPath = args.get("mesh-plan"), exactPath = args.get("f32-plan");
   std::string epExchange = args.get("ep-exchange", "auto"), recompute = args.get("recompute"),
               placement = args.get("expert-placement"), tokenBlocks = args.get("token-blocks"),
-              tpReplicate = args.get("tp-replicate"), capacity = args.get("ep-capacity-factor");
+              tpReplicate = args.get("tp-replicate"), capacity = args.get("ep-capacity-factor"),
+              rankOrder = args.get("rank-order");
   if (singlePath.empty() != meshPath.empty())
     return fail("--plan and --mesh-plan go together (the single-rank and the mesh plan)");
   int64_t threads = 1;
@@ -200,16 +203,16 @@ int main(int argc, char **argv) {
   if (auto unknown = args.unknown(); !unknown.empty())
     return fail("unknown flag(s): " + unknown.front());
   if ((!recompute.empty() || fusedExperts || !placement.empty() || !tokenBlocks.empty() || overlap ||
-       sequenceParallel || !tpReplicate.empty() || !capacity.empty()) &&
+       sequenceParallel || !tpReplicate.empty() || !capacity.empty() || !rankOrder.empty()) &&
       !singlePath.empty())
     return fail("--recompute, --fused-expert-backward, --expert-placement, --token-blocks, --overlap, "
-                "--sequence-parallel, --tp-replicate and --ep-capacity-factor are for the plans moe-mesh-check "
+                "--sequence-parallel, --tp-replicate, --ep-capacity-factor and --rank-order are for the plans moe-mesh-check "
                 "compiles, not with --plan");
   if (args.positional.size() != 1 || meshText.empty())
     return fail("usage: moe-mesh-check DIR --mesh dp=N,ep=M [--dtype float32|bfloat16] [--backend cpu|cuda [--ranks-on-one-gpu]] "
                 "[--cpu-threads N] [--ep-exchange auto|routed|all] [--recompute POLICY] [--fused-expert-backward] "
                 "[--expert-placement FILE] [--token-blocks N] [--overlap] [--sequence-parallel] [--tp-replicate KINDS] "
-                "[--ep-capacity-factor F] "
+                "[--ep-capacity-factor F] [--rank-order AXES] "
                 "[--plan SINGLE --mesh-plan MESH [--f32-plan SINGLE_F32]]");
   std::string dir = args.positional[0];
   moe::MeshShape mesh;
@@ -297,6 +300,8 @@ int main(int argc, char **argv) {
       moecArgs.insert(moecArgs.end(), {"--tp-replicate", tpReplicate});
     if (!meshFlag.empty() && !capacity.empty())
       moecArgs.insert(moecArgs.end(), {"--ep-capacity-factor", capacity});
+    if (!meshFlag.empty() && !rankOrder.empty())
+      moecArgs.insert(moecArgs.end(), {"--rank-order", rankOrder});
     if (fusedExperts) // both plans: the expert MLP and its combine differentiated as one
       moecArgs.push_back("--fused-expert-backward");
     if (absl::Status s = runMoecCompile(moecArgs); !s.ok())
@@ -364,7 +369,10 @@ int main(int argc, char **argv) {
     for (int r = 0; r < world; ++r)
       threadsOfRanks.emplace_back([&, r] {
         int64_t rows = batch / shards;
-        int64_t first = (mesh.coordinate(r, "dp") * mesh.ep + mesh.coordinate(r, "ep")) * rows;
+        // The plan numbers the ranks (its mesh's rank_order).
+        int64_t first = (plan::meshCoordinate(sharded->mesh(), r, "dp") * mesh.ep +
+                         plan::meshCoordinate(sharded->mesh(), r, "ep")) *
+                        rows;
         ranks[r] = train(*sharded, r, dir, adapter, ids, labels, seq, first, rows, where);
       });
     for (std::thread &t : threadsOfRanks)

@@ -180,6 +180,7 @@
 // SEED-FITS: fits in 141 GB: yes
 // SEED-FITS-NOT: to fit, try
 // SEED-FITS: reduce_scatter    sequence parallel
+// SEED-FITS: rank order: --rank-order tp (tp within a node) would take {{[0-9.]+}} ms (this order ep,dp,tp,pp: {{[0-9.]+}} ms)
 
 // DeepSeek-V3 over tp = 8: multi-head latent attention splits its 128 heads, the dense layers'
 // MLPs and the shared experts their intermediate features, the routed experts theirs.

@@ -21,7 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-// CHECK: plan v1 model=Qwen3MoeForCausalLM model_type=qwen3_moe seq=96x2
+// CHECK: plan v2 model=Qwen3MoeForCausalLM model_type=qwen3_moe seq=96x2
 // CHECK-NEXT: mesh dp=1 tp=1 pp=1 ep=1 world=1 recompute=none
 // CHECK-NEXT: optimizer adamw lr=0.0001 betas=0.9,0.999 eps=1e-08 weight_decay=0 warmup=10/1000 schedule=cosine min_lr_ratio=0.1 max_grad_norm=1
 // CHECK-NEXT: lora r=4 alpha=8 dropout=0 expert_lora=false targets=k_proj,o_proj,q_proj,v_proj
