@@ -351,8 +351,6 @@ TEST_F(MeshReportTest, PipelineStagesSplitLayersAndHoldMicroBatchesInFlight) {
 }
 
 TEST_F(MeshReportTest, LinksFollowTheRankOrderAndStagesTheirLayersCollectives) {
-  // 32 ranks, ep fastest: ep (stride 1) and dp (stride 4) stay in node 0, tp (stride 8) and
-  // pp (stride 16) cross nodes, as does every group with tp.
   // Every collective whose group `crosses` says crosses nodes does, at the network's speed.
   auto expectLinks = [](const MeshEstimate &e, const std::function<bool(llvm::StringRef axis)> &crosses) {
     ASSERT_EQ(e.stages.size(), 2u);
@@ -364,7 +362,13 @@ TEST_F(MeshReportTest, LinksFollowTheRankOrderAndStagesTheirLayersCollectives) {
         }
       }
   };
+  // 32 ranks in moec's default order, tp fastest: tp (stride 1) and ep (stride 2) stay in
+  // node 0, dp (stride 8) and pp (stride 16) cross nodes, as does every group with dp.
   moe::MeshShape mesh{/*dp=*/2, /*tp=*/2, /*pp=*/2, /*ep=*/4};
+  expectLinks(estimate(Choice{mesh}), [](llvm::StringRef axis) { return axis.contains("dp") || axis == "pp"; });
+  // Numbered ep, dp, tp, pp (--rank-order ep,dp): ep (stride 1) and dp (stride 4) stay in
+  // node 0, tp (stride 8) and pp (stride 16) cross nodes, as does every group with tp.
+  mesh.order = "ep,dp,tp,pp";
   MeshEstimate e = estimate(Choice{mesh});
   expectLinks(e, [](llvm::StringRef axis) { return axis.contains("tp") || axis == "pp"; });
   // Stage 0 holds layer 0's q/o adapters: q's B and o's A split over tp, summed over the 8

@@ -237,7 +237,7 @@ int runCompile(int argc, char **argv) {
   cl::opt<std::string> rankOrder(
       "rank-order", cl::value_desc("AXES"),
       cl::desc("With --mesh: how ranks are numbered, the fastest-varying axis first, e.g. tp,ep (axes left out "
-               "follow in the default order ep, dp, tp, pp). Ranks 0-7 share a node of 8 GPUs, so the axes "
+               "follow in the default order tp, ep, dp, pp). Ranks 0-7 share a node of 8 GPUs, so the axes "
                "listed first keep their collectives on NVLink; --emit=report says where another order "
                "communicates faster"));
   cl::opt<int64_t> pipelineMicroBatches(

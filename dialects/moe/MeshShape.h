@@ -2,9 +2,9 @@
 //
 // `--mesh dp=2,ep=2` on moec and the sharding pass; the model carries it as
 // the `moe.mesh` attribute once the sharding pass ran. Rank r's coordinates
-// run ep fastest, then dp, tp, pp by default (experts of one group sit on
-// neighbouring GPUs, where the all-to-all is cheapest); `--rank-order tp,ep`
-// puts other axes first (tp's collectives, every layer's, within a node).
+// run tp fastest, then ep, dp, pp by default: tp's collectives run in every
+// layer and block it, so its ranks share a node (NVLink) first, then an
+// expert group's; `--rank-order ep,dp` numbers ep first instead.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,7 +20,7 @@ struct MeshShape {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1;
   /// How ranks are numbered: the four axes, the fastest-varying first.
   std::string order = kDefaultOrder;
-  static constexpr const char *kDefaultOrder = "ep,dp,tp,pp";
+  static constexpr const char *kDefaultOrder = "tp,ep,dp,pp";
 
   int64_t size() const { return dp * tp * pp * ep; }
   bool single() const { return size() == 1; }
@@ -34,7 +34,7 @@ struct MeshShape {
   /// says why in `error`.
   static bool parse(const std::string &text, MeshShape &out, std::string &error);
   /// Parses a rank order, "tp,ep": distinct axes, the fastest first; the axes left out follow
-  /// in their default order (ep, dp, tp, pp). `out` gets all four ("tp,ep,dp,pp").
+  /// in their default order (tp, ep, dp, pp). `out` gets all four ("ep,dp,tp,pp" for "ep,dp").
   static bool parseOrder(const std::string &text, std::string &out, std::string &error);
 
   /// Rank r's coordinate along `axis` ("dp", "tp", "pp", "ep"), the size of that axis, and

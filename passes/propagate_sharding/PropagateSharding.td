@@ -178,7 +178,7 @@ def PropagateShardingPass : Pass<"moe-propagate-sharding", "::moec::moe::ModelOp
            "states (reduce-scatter / all-gather instead of all-reduce)">,
     Option<"mesh", "mesh", "std::string", "\"\"",
            "Mesh axes and sizes, e.g. dp=2,ep=2 (empty: one rank), optionally followed by the rank "
-           "order, fastest axis first: dp=2,tp=2;order=tp,dp (default ep, dp, tp, pp)">,
+           "order, fastest axis first: dp=2,tp=2;order=dp,tp (default tp, ep, dp, pp)">,
     Option<"epExchange", "ep-exchange", "std::string", "\"auto\"",
            "How expert parallel moves tokens: routed, all (every token to every rank) or auto">,
     Option<"epCapacityFactor", "ep-capacity-factor", "double", "0",

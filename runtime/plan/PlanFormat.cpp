@@ -26,7 +26,7 @@ int meshCoordinate(const Mesh &mesh, int rank, std::string_view axis) {
     int32_t size = a == "dp" ? mesh.dp() : a == "tp" ? mesh.tp() : a == "pp" ? mesh.pp() : a == "ep" ? mesh.ep() : 1;
     return size > 0 ? size : 1;
   };
-  static const char *const kDefault[] = {"ep", "dp", "tp", "pp"};
+  static const char *const kDefault[] = {"tp", "ep", "dp", "pp"};
   int stride = 1;
   for (int i = 0; i < 4; ++i) {
     std::string_view a = mesh.rank_order_size() == 4 ? std::string_view(mesh.rank_order(i)) : kDefault[i];

@@ -156,7 +156,7 @@ void checkHeader(const Plan &plan, Problems &problems) {
     std::sort(sorted.begin(), sorted.end());
     if (sorted != std::vector<std::string>{"dp", "ep", "pp", "tp"})
       problems.add("mesh.rank_order is ", absl::StrJoin(order, ","),
-                   ", expected each of dp, tp, pp, ep once (the fastest first; empty: ep,dp,tp,pp)");
+                   ", expected each of dp, tp, pp, ep once (the fastest first; empty: tp,ep,dp,pp)");
   }
   if (meshOk && product != plan.ranks_size()) {
     auto axis = [](int32_t size) { return size == 0 ? 1 : size; };

@@ -82,7 +82,7 @@ TEST_F(PlanValidatorTest, RejectsARankOrderWithoutEachAxisOnce) {
   for (const char *axis : {"tp", "ep", "dp", "tp"})
     plan.mutable_mesh()->add_rank_order(axis);
   EXPECT_THAT(messageOf(plan), HasSubstr("mesh.rank_order is tp,ep,dp,tp, expected each of dp, tp, pp, ep once "
-                                         "(the fastest first; empty: ep,dp,tp,pp)"));
+                                         "(the fastest first; empty: tp,ep,dp,pp)"));
   plan.mutable_mesh()->set_rank_order(3, "pp");
   EXPECT_EQ(messageOf(plan), "OK");
 }
@@ -92,17 +92,17 @@ TEST(MeshCoordinate, FollowsTheRankOrder) {
   mesh.set_dp(2);
   mesh.set_tp(2);
   mesh.set_ep(2);
-  // The default order, ep fastest: rank 5 = 1 + 2*(0 + 2*1) is ep 1, dp 0, tp 1.
-  EXPECT_EQ(meshCoordinate(mesh, 5, "ep"), 1);
-  EXPECT_EQ(meshCoordinate(mesh, 5, "dp"), 0);
-  EXPECT_EQ(meshCoordinate(mesh, 5, "tp"), 1);
-  EXPECT_EQ(meshCoordinate(mesh, 5, "pp"), 0);
-  // tp, then ep: rank 5 = 1 + 2*(0 + 2*1) is tp 1, ep 0, dp 1.
-  for (const char *axis : {"tp", "ep", "dp", "pp"})
-    mesh.add_rank_order(axis);
+  // The default order, tp, then ep, dp, pp: rank 5 = 1 + 2*(0 + 2*1) is tp 1, ep 0, dp 1.
   EXPECT_EQ(meshCoordinate(mesh, 5, "tp"), 1);
   EXPECT_EQ(meshCoordinate(mesh, 5, "ep"), 0);
   EXPECT_EQ(meshCoordinate(mesh, 5, "dp"), 1);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "pp"), 0);
+  // ep, then dp, tp: rank 5 is ep 1, dp 0, tp 1.
+  for (const char *axis : {"ep", "dp", "tp", "pp"})
+    mesh.add_rank_order(axis);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "ep"), 1);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "dp"), 0);
+  EXPECT_EQ(meshCoordinate(mesh, 5, "tp"), 1);
 }
 
 TEST_F(PlanValidatorTest, RejectsNoRanks) {

@@ -30,7 +30,7 @@ bool isForwardDispatch(const plan::Step &step) {
 Trainer::Trainer(Executor &executor) : executor(executor) {
   const plan::Plan &plan = executor.planProto();
   const plan::Rank &rank = executor.rankPlan();
-  // Ranks are numbered in the mesh's rank order (ep fastest, then dp, tp, pp by default). A
+  // Ranks are numbered in the mesh's rank order (tp fastest, then ep, dp, pp by default). A
   // pipeline stage's ranks hold its layers' tensors, a tp rank its part of the split ones; the
   // layout lists each tensor (or part) under the first rank that holds it.
   int ep = std::max(1, plan.mesh().ep());
