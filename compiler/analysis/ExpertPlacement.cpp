@@ -206,28 +206,39 @@ double otherRanksPerToken(int64_t experts, int64_t topK, int64_t ranks, const st
   }
   const std::vector<int64_t> &placed = placement.empty() ? consecutive : placement;
   int64_t perRank = static_cast<int64_t>(placed.size()) / ranks;
-  std::vector<int64_t> replicas(static_cast<size_t>(experts), 0);
-  std::vector<std::vector<bool>> holds(static_cast<size_t>(ranks), std::vector<bool>(static_cast<size_t>(experts)));
+  // Each expert's ranks in placement order, as the route lists its replicas.
+  std::vector<std::vector<int64_t>> replicas(static_cast<size_t>(experts));
   for (int64_t at = 0; at < perRank * ranks; ++at)
-    if (placed[at] >= 0 && placed[at] < experts) {
-      ++replicas[placed[at]];
-      holds[at / perRank][placed[at]] = true;
-    }
+    if (placed[at] >= 0 && placed[at] < experts)
+      replicas[placed[at]].push_back(at / perRank);
+  // Token t's copies go to replica t mod (its expert's count): the pattern repeats every
+  // `period` tokens (the least common multiple of the counts; at most 256 of them averaged).
+  int64_t period = 1;
+  for (const std::vector<int64_t> &on : replicas)
+    if (!on.empty())
+      period = std::min<int64_t>(256, std::lcm(period, static_cast<int64_t>(on.size())));
+  // P(a token goes to a rank m of whose experts send there) = 1 - C(E - m, k) / C(E, k).
+  auto reaches = [&](int64_t m) {
+    double none = 1.0;
+    for (int64_t i = 0; i < topK && i < experts; ++i)
+      none *= std::max<double>(0.0, double(experts - m - i) / double(experts - i));
+    return 1.0 - none;
+  };
   double sum = 0.0;
+  std::vector<int64_t> sendsTo(static_cast<size_t>(ranks));
   for (int64_t me = 0; me < ranks; ++me)
-    for (int64_t r = 0; r < ranks; ++r) {
-      if (r == me)
-        continue;
-      double w = 0.0; // the experts a token of `me` goes to r for: r's share of each `me` lacks
-      for (int64_t e = 0; e < experts; ++e)
-        if (holds[r][e] && !holds[me][e])
-          w += 1.0 / double(replicas[e]);
-      double none = 1.0;
-      for (int64_t i = 0; i < topK && i < experts; ++i)
-        none *= std::max(0.0, (double(experts - i) - w) / double(experts - i));
-      sum += 1.0 - none;
+    for (int64_t t = 0; t < period; ++t) {
+      std::fill(sendsTo.begin(), sendsTo.end(), 0);
+      for (const std::vector<int64_t> &on : replicas) {
+        if (on.empty() || std::find(on.begin(), on.end(), me) != on.end())
+          continue; // stays on this rank (or no rank holds it)
+        ++sendsTo[static_cast<size_t>(on[static_cast<size_t>(t % static_cast<int64_t>(on.size()))])];
+      }
+      for (int64_t r = 0; r < ranks; ++r)
+        if (r != me)
+          sum += reaches(sendsTo[static_cast<size_t>(r)]);
     }
-  return sum / double(ranks);
+  return sum / double(ranks * period);
 }
 
 } // namespace moec::analysis

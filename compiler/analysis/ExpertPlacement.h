@@ -45,10 +45,11 @@ double rankImbalance(const std::vector<int64_t> &load, const std::vector<int64_t
 /// The expected number of other ranks one token is sent to, averaged over the `ranks` senders,
 /// with uniform top-`topK` routing over `experts` experts placed by `placement` (empty:
 /// consecutive ranges). A copy whose expert is on the sending rank stays there; another goes to
-/// one of its expert's replicas, the tokens spread evenly over them (as the runtime's route
-/// picks: runtime/exec/ExpertExchange.cpp). Rank r gets a token unless none of its k distinct
-/// experts sends it there: 1 - prod_i (E - w - i) / (E - i), w the experts (a replica counting
-/// its share) that send to r; exact without replicas ((ranks - 1)(1 - C(E - E/n, k) / C(E, k))).
+/// one of its expert's replicas, token t's to replica t mod their count, as the runtime's route
+/// picks (runtime/exec/ExpertExchange.cpp). For one such t, rank r gets the token unless none of
+/// its k distinct experts sends it there: 1 - C(E - m, k) / C(E, k), m the experts that do;
+/// averaged over t (exact when the tokens are a multiple of the replica counts' least common
+/// multiple, up to 256).
 double otherRanksPerToken(int64_t experts, int64_t topK, int64_t ranks, const std::vector<int64_t> &placement);
 
 } // namespace moec::analysis

@@ -66,6 +66,13 @@ TEST(ExpertPlacementTest, OtherRanksPerTokenWithReplicas) {
   // half to rank 2 (0.5 a token); rank 1 sends 1 to rank 0 and 0 half to each (0.5); rank 2
   // sends 1 to rank 0 and 2 to rank 1 (0.5).
   EXPECT_DOUBLE_EQ(otherRanksPerToken(4, 1, 3, {0, 1, 2, 3, 3, 0}), 0.5);
+  // Top-2 of 8 over {0,1,2} {2,3,4} {4,5,6} {6,7,0}: a token's copies pick the same replica
+  // index (t mod 2), so its two experts' destinations are not independent. Rank 0, even t: 3 and
+  // 4 go to rank 1, 5 and 6 to rank 2, 7 to rank 3; a rank that m experts send to gets the token
+  // with 1 - C(8 - m, 2)/C(8, 2): (26 + 26 + 14)/56; odd t: 3 | 4, 5 | 6, 7, the same 66/56.
+  // Rank 1: even t 0, 1 | 5, 6 | 7 (66/56), odd t 1 | 5 | 0, 6, 7 (64/56); rank 2 alike mirrored
+  // (64/56, 66/56); rank 3: 66/56 both. Mean: (132 + 130 + 130 + 132) / 448.
+  EXPECT_DOUBLE_EQ(otherRanksPerToken(8, 2, 4, {0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7, 0}), 524.0 / 448);
 }
 
 TEST(ExpertPlacementTest, EveryRankHoldsItsShare) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "compiler/analysis/ModelSummary.h"
 #include "compiler/plan/CollectiveBytes.h"
@@ -185,31 +186,74 @@ Facts analyze(const Program &program, const moe::MeshShape &mesh) {
   return f;
 }
 
-/// The distance between neighbours on `axis` in the mesh's rank order.
-int64_t strideOf(const moe::MeshShape &mesh, llvm::StringRef axis) { return mesh.stride(axis.str()); }
 
 struct Group {
   int64_t size = 1, onNode = 1;
   bool crossesNodes = false;
 };
 
-/// Rank 0's group over `axes` ("dp+ep"), and how many of its members share rank 0's node.
-Group groupOf(const moe::MeshShape &mesh, llvm::StringRef axes, int64_t gpusPerNode) {
+int64_t floorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+/// Groups whose members are a base rank plus `offsets`, for bases of the given residues modulo
+/// the node size (which nodes the members land on depends only on that): whether any of them
+/// crosses nodes, and the fewest members one member shares its node with (itself included).
+Group spread(const std::vector<int64_t> &offsets, const std::set<int64_t> &residues, int64_t gpusPerNode) {
+  Group group;
+  group.size = static_cast<int64_t>(offsets.size());
+  group.onNode = group.size;
+  int64_t low = *std::min_element(offsets.begin(), offsets.end());
+  int64_t high = *std::max_element(offsets.begin(), offsets.end());
+  std::vector<int64_t> perNode;
+  for (int64_t residue : residues) {
+    int64_t first = floorDiv(residue + low, gpusPerNode);
+    perNode.assign(static_cast<size_t>(floorDiv(residue + high, gpusPerNode) - first + 1), 0);
+    for (int64_t o : offsets)
+      ++perNode[static_cast<size_t>(floorDiv(residue + o, gpusPerNode) - first)];
+    group.crossesNodes |= std::count_if(perNode.begin(), perNode.end(), [](int64_t n) { return n > 0; }) > 1;
+    for (int64_t o : offsets)
+      group.onNode = std::min(group.onNode, perNode[static_cast<size_t>(floorDiv(residue + o, gpusPerNode) - first)]);
+  }
+  return group;
+}
+
+/// The residues modulo the node size of the ranks whose coordinates are 0 on `skip`'s axes and
+/// `stage` on pp (every stage: -1; pp among `skip`: 0).
+std::set<int64_t> baseResidues(const moe::MeshShape &mesh, const std::vector<std::string> &skip, int64_t stage,
+                               int64_t gpusPerNode) {
+  bool ppSkipped = std::find(skip.begin(), skip.end(), "pp") != skip.end();
+  std::set<int64_t> residues = {(ppSkipped || stage < 0 ? 0 : stage * mesh.stride("pp")) % gpusPerNode};
+  for (const char *axis : {"dp", "tp", "pp", "ep"}) {
+    if (std::find(skip.begin(), skip.end(), axis) != skip.end() || (axis == std::string("pp") && stage >= 0))
+      continue;
+    std::set<int64_t> next; // k x stride modulo the node size repeats within gpusPerNode steps
+    for (int64_t k = 0; k < std::min(mesh.axisSize(axis), gpusPerNode); ++k)
+      for (int64_t r : residues)
+        next.insert((r + k * mesh.stride(axis)) % gpusPerNode);
+    residues = std::move(next);
+  }
+  return residues;
+}
+
+/// The groups over `axes` ("dp+ep") of the ranks of pipeline stage `stage` (-1: of every stage).
+Group groupOf(const moe::MeshShape &mesh, llvm::StringRef axes, int64_t gpusPerNode, int64_t stage = -1) {
   llvm::SmallVector<llvm::StringRef> parts;
   axes.split(parts, '+');
-  std::vector<int64_t> ranks = {0};
+  std::vector<std::string> inGroup;
+  std::vector<int64_t> offsets = {0};
   for (llvm::StringRef axis : parts) {
+    inGroup.push_back(axis.str());
     std::vector<int64_t> next;
     for (int64_t k = 0; k < mesh.axisSize(axis.str()); ++k)
-      for (int64_t r : ranks)
-        next.push_back(r + k * strideOf(mesh, axis));
-    ranks = std::move(next);
+      for (int64_t o : offsets)
+        next.push_back(o + k * mesh.stride(axis.str()));
+    offsets = std::move(next);
   }
-  Group group;
-  group.size = static_cast<int64_t>(ranks.size());
-  group.onNode = std::count_if(ranks.begin(), ranks.end(), [&](int64_t r) { return r / gpusPerNode == 0; });
-  group.crossesNodes = group.onNode < group.size;
-  return group;
+  return spread(offsets, baseResidues(mesh, inGroup, stage, gpusPerNode), gpusPerNode);
+}
+
+/// A rank of stage `from` and its neighbour in stage `to`, for every rank of `from`.
+Group pairOf(const moe::MeshShape &mesh, int64_t from, int64_t to, int64_t gpusPerNode) {
+  return spread({0, (to - from) * mesh.stride("pp")}, baseResidues(mesh, {}, from, gpusPerNode), gpusPerNode);
 }
 
 /// What a collective of the slice is for, as the report's "what" column says it.
@@ -358,20 +402,19 @@ private:
     }
     for (auto &[key, row] : rows) {
       auto &[collective, what, phase, axis] = key;
-      add(st, collective, what, phase.c_str(), axis, groupOf(mesh, axis, options.gpusPerNode), row.count,
-          row.bytes, llvm::StringRef(collective).starts_with("expert_"));
+      add(st, collective, what, phase.c_str(), axis, groupOf(mesh, axis, options.gpusPerNode, st.stage),
+          row.count, row.bytes, llvm::StringRef(collective).starts_with("expert_"));
     }
     if (mesh.pp > 1) {
-      Group pair = groupOf(mesh, "pp", options.gpusPerNode);
-      pair.size = 2; // one neighbour
-      pair.crossesNodes = strideOf(mesh, "pp") >= options.gpusPerNode;
       auto boundary = [&](int layer) {
         return layer >= 0 && layer < f.numLayers ? f.layerOutBytes[layer] : f.hiddenBytes;
       };
       if (!st.lmHead)
-        add(st, "send_recv", "activations", "fwd", "pp", pair, m, boundary(st.endLayer - 1) * m, false);
+        add(st, "send_recv", "activations", "fwd", "pp", pairOf(mesh, st.stage, st.stage + 1, options.gpusPerNode),
+            m, boundary(st.endLayer - 1) * m, false);
       if (!st.embedding)
-        add(st, "send_recv", "gradients", "bwd", "pp", pair, m, boundary(st.firstLayer - 1) * m, false);
+        add(st, "send_recv", "gradients", "bwd", "pp", pairOf(mesh, st.stage, st.stage - 1, options.gpusPerNode),
+            m, boundary(st.firstLayer - 1) * m, false);
     }
   }
 
@@ -385,7 +428,7 @@ private:
       Group group = groupOf(mesh, axis, gpn);
       if (!axes.empty())
         axes += "; ";
-      axes += llvm::formatv("{0} (stride {1}) {2}", axis, strideOf(mesh, axis),
+      axes += llvm::formatv("{0} (stride {1}) {2}", axis, mesh.stride(axis.str()),
                             group.crossesNodes ? "spans nodes" : "within a node")
                   .str();
     }

@@ -403,6 +403,27 @@ TEST_F(MeshReportTest, LinksFollowTheRankOrderAndStagesTheirLayersCollectives) {
       EXPECT_EQ(r.stages[s].comm[i].bytes, e.stages[s].comm[i].bytes);
   }
 
+  // Which groups cross is decided per stage: dp=3,tp=2,pp=2 numbered tp, dp, pp puts stage 0
+  // on ranks 0-5 (node 0) and stage 1 on ranks 6-11 (nodes 0 and 1). Stage 0's dp groups {0,2,4}
+  // and {1,3,5} stay in node 0, stage 1's {6,8,10} and {7,9,11} cross; the pipeline pairs r and
+  // r + 6 cross for r = 2..5 (8 and up are on node 1).
+  moe::MeshShape straddling{/*dp=*/3, /*tp=*/2, /*pp=*/2, /*ep=*/1};
+  straddling.order = "tp,dp,pp,ep";
+  MeshEstimate st = estimate(Choice{straddling});
+  ASSERT_EQ(st.stages.size(), 2u);
+  const CommEstimate *dp0 = find(st.stages[0], "all_reduce", "step", "dp+ep"); // ep = 1: the dp groups
+  const CommEstimate *dp1 = find(st.stages[1], "all_reduce", "step", "dp+ep");
+  ASSERT_NE(dp0, nullptr);
+  ASSERT_NE(dp1, nullptr);
+  EXPECT_FALSE(dp0->crossesNodes);
+  EXPECT_TRUE(dp1->crossesNodes);
+  const CommEstimate *forward = find(st.stages[0], "send_recv", "fwd");
+  const CommEstimate *backward = find(st.stages[1], "send_recv", "bwd");
+  ASSERT_NE(forward, nullptr);
+  ASSERT_NE(backward, nullptr);
+  EXPECT_TRUE(forward->crossesNodes);
+  EXPECT_TRUE(backward->crossesNodes);
+
   // ep=8 on nodes of 4 GPUs spans two nodes: 3 of the 7 peers share the node, 4 are across.
   MeshOptions small;
   small.gpusPerNode = 4;

@@ -39,7 +39,14 @@ std::string MeshShape::spec() const {
 
 bool MeshShape::parseOrder(const std::string &text, std::string &out, std::string &error) {
   std::vector<std::string> axes;
-  for (const std::string &axis : split(text)) {
+  if (text.empty()) {
+    error = "no axes; a rank order lists axes, the fastest first";
+    return false;
+  }
+  std::vector<std::string> items = split(text);
+  if (text.back() == ',')
+    items.push_back(""); // getline drops a trailing empty item
+  for (const std::string &axis : items) {
     if (axis != "dp" && axis != "tp" && axis != "pp" && axis != "ep") {
       error = "'" + axis + "' is not an axis (dp, tp, pp, ep); a rank order lists axes, the fastest first";
       return false;

@@ -77,7 +77,12 @@ TEST(MeshShape, ARankOrderListsAxesOnce) {
   EXPECT_EQ(error, "axis tp is listed twice");
   EXPECT_FALSE(MeshShape::parseOrder("tp,xp", order, error));
   EXPECT_EQ(error, "'xp' is not an axis (dp, tp, pp, ep); a rank order lists axes, the fastest first");
+  EXPECT_FALSE(MeshShape::parseOrder("tp,", order, error));
+  EXPECT_EQ(error, "'' is not an axis (dp, tp, pp, ep); a rank order lists axes, the fastest first");
+  EXPECT_FALSE(MeshShape::parseOrder("", order, error));
+  EXPECT_EQ(error, "no axes; a rank order lists axes, the fastest first");
   MeshShape mesh;
+  EXPECT_FALSE(MeshShape::parse("tp=2;order=", mesh, error));
   EXPECT_FALSE(MeshShape::parse("tp=2;rank=tp", mesh, error));
   EXPECT_EQ(error, "'rank=tp' after ';' is not order=AXES");
 }

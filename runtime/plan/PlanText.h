@@ -6,7 +6,7 @@
 // Free-form strings (names, tensors, origins) are double-quoted with C
 // escapes; enum values outside the schema print as `unknown(N)`.
 //
-//   plan v1 model=Qwen3MoeForCausalLM model_type=qwen3_moe seq=4096x2
+//   plan v2 model=Qwen3MoeForCausalLM model_type=qwen3_moe seq=4096x2
 //   mesh dp=1 tp=2 pp=1 ep=1 world=2 recompute=per-layer
 //   optimizer adamw lr=0.0001 betas=0.9,0.999 eps=1e-08 weight_decay=0 warmup=100/1000 schedule=cosine min_lr_ratio=0.1 max_grad_norm=1
 //   lora r=16 alpha=32 dropout=0 expert_lora=false targets=q_proj,v_proj

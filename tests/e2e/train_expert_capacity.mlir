@@ -29,13 +29,14 @@
 // room follows the placement: 1 - C(5,2)/C(8,2) = 9/14, ceil(1.5 x 4 x 32 x 9/14) = 124
 // received tokens; still 96 copies (every copy goes to one replica). It trains like one rank.
 // The report's exchange bytes follow the placement too: a copy whose expert is on the sending
-// rank stays, another goes to one of its expert's replicas, the tokens split evenly over them.
-// Rank 0 ({0,1,2}) sends for experts 3 and half of 4 to rank 1 (w = 1.5), for half of 4, 5 and
-// half of 6 to rank 2 (w = 2), for half of 6 and 7 to rank 3 (w = 1.5); every rank alike. A
-// token goes to a rank unless both its experts send it elsewhere: 1 - (8 - w)(7 - w)/56, so
-// (20.25 + 26 + 20.25)/56 = 1.1875 other ranks a token. Each forward return sends 32 tokens x
-// 96 f32 x 1.1875 = 14,592 bytes, two routes 29,184 (consecutive experts, w = 2 for each of
-// three ranks: 12,288 x 78/56 a route, 34,230).
+// rank stays, another goes to one of its expert's replicas, token t's to replica t mod 2. A
+// token goes to a rank unless neither of its two experts sends it there: 1 - C(8 - m, 2)/C(8, 2)
+// with m the experts that do. Rank 0 ({0,1,2}), even t: 3 and 4 to rank 1, 5 and 6 to rank 2,
+// 7 to rank 3: (26 + 26 + 14)/56; odd t: 3 | 4, 5 | 6, 7: 66/56 again. Rank 1: 66/56 and (0, 1,
+// 5 to one rank each, 0, 6, 7 to rank 3) 64/56; rank 2 the same mirrored; rank 3 66/56 twice:
+// 524/448 other ranks a token (ExpertPlacementTest). Each forward return sends 32 tokens x 96
+// f32 x 524/448 = 14,373 bytes, two routes 28,746 (consecutive experts, m = 2 for each of three
+// ranks: 12,288 x 78/56 a route, 34,230).
 // RUN: echo '{"layers": {"0": [[0,1,2],[2,3,4],[4,5,6],[6,7,0]], "1": [[0,1,2],[2,3,4],[4,5,6],[6,7,0]]}}' \
 // RUN:   > %t/replicated.json
 // RUN: moec compile %root/models/tiny-qwen3-moe/config.json --seq-len 32 --micro-batch 1 --lora-rank 4 \
@@ -90,7 +91,7 @@
 // ROOM: f32 [96,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]
 // REPLICATED: i32 [124,2] {{.*}}"layer0.ep_route.{{[0-9]+}}#0" rows_of %[[R:[0-9]+]]
 // REPLICATED: f32 [96,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]
-// REPLICATED-BYTES: expert_return ep forward 2 29,184
+// REPLICATED-BYTES: expert_return ep forward 2 28,746
 // CONSECUTIVE-BYTES: expert_return ep forward 2 34,230
 // WHOLE: i32 [128,2] {{.*}}"layer0.ep_route.{{[0-9]+}}#0" rows_of %[[R:[0-9]+]]
 // WHOLE: f32 [256,96] {{.*}}"layer0.dispatch.{{[0-9]+}}#0" copies_of %[[R]]

@@ -27,8 +27,8 @@
 #                               and OLMoE-1B-7B shapes (4 layers, 4096 tokens) on tp=2-sp, the tiny
 #                               Qwen3-MoE on ep=2 with --ep-capacity-factor 1.75 (ep=2-cap; the golden
 #                               families' ep=2-cap plans are packed too: MESHES=ep=2-cap, and
-#                               tp=2,ep=2: four ranks, sequence parallel as moec plans it by default
-#                               where tp and ep combine); MESHES="" skips the mesh checks
+#                               tp=2,ep=2: four ranks, so mesh1 only, sequence parallel as moec plans
+#                               it by default where tp and ep combine); MESHES="" skips the mesh checks
 #   tests/gpu/gpu_run.sh run    on the GPU machine (no Bazel, no MLIR there): runs every GPU
 #                               test, moe-align --backend cuda for each golden family in f32
 #                               and bf16 (and bf16 with --fuse-lora, three in f32 with
