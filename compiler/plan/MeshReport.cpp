@@ -686,13 +686,15 @@ void printSuggestions(const Facts &facts, const MeshEstimate &e, const SlicePlan
     const StageEstimate &worst = estimate.stages[estimate.worstMemoryStage];
     if (worst.memory.total() >= beat)
       return worst.memory.total(); // no help (a capacity factor at ep = 2: its bound is the worst case)
-    // What it costs too: a choice that fits may send or compute much more (recompute).
+    // What it costs too: a choice that fits may send or compute much more (recompute). A step's
+    // tokens differ where the mesh does (more replicas, more pipeline micro-batches): say them.
     const StageEstimate &slowest = estimate.stages[estimate.slowestCommStage];
     os << llvm::formatv("  {0} ({1} GPUs; {2}): worst stage {3} GB, {4}; per GPU per step {5:F1} s of "
-                        "communication, {6:F0} TFLOP\n",
+                        "communication, {6:F0} TFLOP; {7} tokens a step over the mesh\n",
                         flagsOf(choice), analysis::withCommas(choice.mesh.size()), why, gb(worst.memory.total()),
                         estimate.fits ? "fits" : "over by " + gb(-estimate.marginBytes) + " GB",
-                        slowest.commSeconds, slowest.flopsPerGpu / 1e12);
+                        slowest.commSeconds, slowest.flopsPerGpu / 1e12,
+                        analysis::withCommas(estimate.globalTokensPerStep));
     return worst.memory.total();
   };
   int64_t rows = current;
