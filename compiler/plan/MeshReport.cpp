@@ -186,7 +186,6 @@ Facts analyze(const Program &program, const moe::MeshShape &mesh) {
   return f;
 }
 
-
 struct Group {
   int64_t size = 1, onNode = 1;
   bool crossesNodes = false;
@@ -226,9 +225,10 @@ std::set<int64_t> baseResidues(const moe::MeshShape &mesh, const std::vector<std
     if (std::find(skip.begin(), skip.end(), axis) != skip.end() || (axis == std::string("pp") && stage >= 0))
       continue;
     std::set<int64_t> next; // k x stride modulo the node size repeats within gpusPerNode steps
+    int64_t stride = mesh.stride(axis);
     for (int64_t k = 0; k < std::min(mesh.axisSize(axis), gpusPerNode); ++k)
       for (int64_t r : residues)
-        next.insert((r + k * mesh.stride(axis)) % gpusPerNode);
+        next.insert((r + k * stride) % gpusPerNode);
     residues = std::move(next);
   }
   return residues;
@@ -243,9 +243,10 @@ Group groupOf(const moe::MeshShape &mesh, llvm::StringRef axes, int64_t gpusPerN
   for (llvm::StringRef axis : parts) {
     inGroup.push_back(axis.str());
     std::vector<int64_t> next;
+    int64_t stride = mesh.stride(axis.str());
     for (int64_t k = 0; k < mesh.axisSize(axis.str()); ++k)
       for (int64_t o : offsets)
-        next.push_back(o + k * mesh.stride(axis.str()));
+        next.push_back(o + k * stride);
     offsets = std::move(next);
   }
   return spread(offsets, baseResidues(mesh, inGroup, stage, gpusPerNode), gpusPerNode);

@@ -2,7 +2,10 @@
 
 #include "runtime/plan/PlanFormat.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_join.h"
+#include "dialects/moe/MeshShape.h"
 
 namespace moec::plan {
 
@@ -22,19 +25,12 @@ int64_t dtypeSize(DType dtype) {
 }
 
 int meshCoordinate(const Mesh &mesh, int rank, std::string_view axis) {
-  auto sizeOf = [&](std::string_view a) {
-    int32_t size = a == "dp" ? mesh.dp() : a == "tp" ? mesh.tp() : a == "pp" ? mesh.pp() : a == "ep" ? mesh.ep() : 1;
-    return size > 0 ? size : 1;
-  };
-  static const char *const kDefault[] = {"tp", "ep", "dp", "pp"};
-  int stride = 1;
-  for (int i = 0; i < 4; ++i) {
-    std::string_view a = mesh.rank_order_size() == 4 ? std::string_view(mesh.rank_order(i)) : kDefault[i];
-    if (a == axis)
-      return (rank / stride) % sizeOf(a);
-    stride *= sizeOf(a);
-  }
-  return 0;
+  // The compiler's MeshShape numbers the ranks; the plan gives it the sizes and the order.
+  moe::MeshShape shape{std::max(1, mesh.dp()), std::max(1, mesh.tp()), std::max(1, mesh.pp()),
+                       std::max(1, mesh.ep())};
+  if (mesh.rank_order_size())
+    shape.order = absl::StrJoin(mesh.rank_order(), ",");
+  return static_cast<int>(shape.coordinate(rank, std::string(axis)));
 }
 
 const char *roleName(Role role) {

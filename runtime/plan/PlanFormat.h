@@ -33,7 +33,8 @@ const char *phaseName(Phase phase);
 const char *collectiveKindName(Collective::Kind kind);
 
 /// Rank `rank`'s coordinate along `axis` ("dp", "tp", "pp", "ep") of `mesh`, numbered in its
-/// rank_order (tp, ep, dp, pp when empty); 0 for an axis of size 1 or another name.
+/// rank_order (when empty, MeshShape's default, which moec leaves unwritten); 0 for an axis of
+/// size 1 or another name.
 int meshCoordinate(const Mesh &mesh, int rank, std::string_view axis);
 
 /// "[4096,2048]"; "[]" for a scalar.
